@@ -1,0 +1,46 @@
+"""The `seqkv` command line: one Typer app, one small module per command."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from seqkv_cli import __version__
+from seqkv_cli.commands.capture import capture_command
+from seqkv_cli.commands.model import model_app
+from seqkv_cli.commands.pipeline import pipeline_command
+
+app = typer.Typer(
+    help="Capture transformer KV caches, compress them as sequences, restore and report them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals can be gigabytes of tensors
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"seqkv {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """seqkv: KV caches as sequences, measured against log2(perplexity)."""
+
+
+app.command("capture")(capture_command)
+app.command("pipeline")(pipeline_command)
+app.add_typer(model_app, name="model")
+
+
+def main() -> None:
+    app()

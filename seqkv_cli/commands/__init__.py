@@ -1,0 +1,1 @@
+"""One small module per CLI command: parse, call library code, render with Rich."""

@@ -1,0 +1,60 @@
+"""What every command shares: error handling, consoles, quiet heavy libraries."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from seqkv_cli.errors import SeqkvError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def handle_errors(func):
+    """Turn library errors into one line on stderr and a non-zero exit, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        quiet_libraries()
+        try:
+            return func(*args, **kwargs)
+        except SeqkvError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+        except MemoryError:
+            err_console.print("[bold red]error:[/] out of memory")
+            raise typer.Exit(3) from None
+
+    return wrapper
+
+
+def quiet_libraries() -> None:
+    """transformers prints load progress bars and advice; seqkv shows its own progress."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
+
+
+def say(message: str) -> None:
+    """Status lines go to stderr so that stdout stays clean for data."""
+    err_console.print(message, highlight=False)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

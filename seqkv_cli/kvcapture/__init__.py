@@ -1,0 +1,1 @@
+"""Capturing KV caches: reading inputs, running the model, writing capture files."""

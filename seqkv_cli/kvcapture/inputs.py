@@ -1,0 +1,109 @@
+"""Inputs to capture: text files, stdin, and JSONL chat sessions (one capture per session)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One session to capture: plain text, or chat messages rendered with the chat template."""
+
+    id: str
+    source: str
+    text: str | None = None
+    messages: tuple[dict, ...] | None = None
+
+    @property
+    def file_stem(self) -> str:
+        return _SAFE_ID.sub("_", self.id).strip("._") or "session"
+
+
+def read_inputs(paths: list[str]) -> list[Document]:
+    """Expand files, directories (their files but README, sorted) and `-` (stdin) into documents."""
+    if not paths:
+        raise SeqkvError("no inputs given")
+    docs: list[Document] = []
+    for raw in paths:
+        if raw == "-":
+            docs.append(_text_doc("stdin", "<stdin>", sys.stdin.read()))
+            continue
+        path = Path(raw)
+        if path.is_dir():
+            # A directory's README describes its inputs; it is not one of them.
+            files = sorted(
+                p
+                for p in path.iterdir()
+                if p.is_file() and not p.name.startswith(".") and p.stem.upper() != "README"
+            )
+            if not files:
+                raise SeqkvError(f"empty input: directory {raw} holds no files")
+            for f in files:
+                docs.extend(_read_file(f))
+        else:
+            docs.extend(_read_file(path))
+    seen: set[str] = set()
+    for d in docs:
+        if d.id in seen:
+            raise SeqkvError(f"two inputs have the same session id '{d.id}'; ids must be unique")
+        seen.add(d.id)
+    return docs
+
+
+def _read_file(path: Path) -> list[Document]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SeqkvError(f"no such input file: {path}") from None
+    except OSError as exc:
+        raise SeqkvError(f"cannot read input {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SeqkvError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    if path.suffix == ".jsonl":
+        return _read_sessions(path, text)
+    return [_text_doc(path.stem, str(path), text)]
+
+
+def _text_doc(doc_id: str, source: str, text: str) -> Document:
+    if not text.strip():
+        raise SeqkvError(f"empty input: {source}")
+    return Document(id=doc_id, source=source, text=text)
+
+
+def _read_sessions(path: Path, text: str) -> list[Document]:
+    docs = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SeqkvError(f"{where}: malformed JSON ({exc.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+            raise SeqkvError(f'{where}: expected {{"id": ..., "messages": [...]}}')
+        messages = obj["messages"]
+        if not messages:
+            raise SeqkvError(f"{where}: session has no messages")
+        for m in messages:
+            if not (
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+            ):
+                raise SeqkvError(f'{where}: each message needs string "role" and "content"')
+        session_id = str(obj.get("id", f"{path.stem}-{lineno}"))
+        docs.append(Document(id=session_id, source=where, messages=tuple(messages)))
+    if not docs:
+        raise SeqkvError(f"empty input: {path} holds no sessions")
+    return docs

@@ -1,0 +1,1 @@
+"""Model runtime: find, convert, load and fingerprint models; the canonical forward."""

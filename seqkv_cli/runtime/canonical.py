@@ -1,0 +1,217 @@
+"""Canonical forward: logits and K/V bit-identical however a sequence is cut into chunks.
+
+An arithmetic decoder can only step token by token, while an encoder and `capture` want to
+prefill; ordinary fp32 paths disagree in the last bits (DESIGN.md §3). This forward removes
+every source of shape-dependent rounding instead of hoping rounding hides it:
+
+* **Row blocks.** Every matrix product runs with a row count padded to a multiple of
+  ``ROW_BLOCK`` (8). On the BLAS behind torch's CPU build a row of ``X @ W.T`` is then the same
+  bits whatever the other rows are (M = 1, 3, 9 take a GEMV/edge path that is not); the
+  ``check_row_invariance`` canary re-checks that on the machine in use.
+* **Key blocks.** Attention runs over key blocks of ``KEY_BLOCK`` positions aligned to absolute
+  positions. Scores, the row max (exact) and ``exp`` are elementwise or per-row; each block is
+  one fixed-shape product ``P_b @ [V_b | 1]`` (numerator and softmax denominator together), and
+  blocks are added in block order. Masked keys contribute exact zeros, so a query sees the same
+  sums whether later keys exist (prefill) or not (stepping).
+* Everything else (RMSNorm, RoPE from a fixed table, SiLU, residual adds) is per row.
+
+The compute dtype stays fp32, so the canonical path is as fast as an ordinary one and within
+float rounding of it. Supported: Llama-family decoders (llama, mistral without sliding window,
+qwen2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from seqkv_cli.errors import SeqkvError
+
+ROW_BLOCK = 8
+KEY_BLOCK = 256
+NUMERIC_PATH = f"canonical-fp32-rb{ROW_BLOCK}-kb{KEY_BLOCK}-v1"
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+
+
+def _round_up(n: int, block: int) -> int:
+    return max(block, -(-n // block) * block)
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    bq: torch.Tensor | None
+    bk: torch.Tensor | None
+    bv: torch.Tensor | None
+    wo: torch.Tensor
+    ln2: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+
+
+class KVState:
+    """Static K/V buffers of one sequence: keys (L, kv_heads, cap, hd), values with a ones column.
+
+    The extra ones column of the values turns the softmax denominator into part of the same
+    fixed-shape product as the numerator.
+    """
+
+    def __init__(self, lm: CanonicalLM, capacity: int) -> None:
+        cap = _round_up(capacity, KEY_BLOCK)
+        shape = (lm.num_layers, lm.num_kv_heads, cap, lm.head_dim)
+        self.keys = torch.zeros(shape, dtype=torch.float32)
+        self.values = torch.zeros((*shape[:-1], lm.head_dim + 1), dtype=torch.float32)
+        self.values[..., -1] = 1.0
+        self.capacity = capacity
+        self.length = 0
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer, (kv_heads, length, head_dim), views into the buffers."""
+        n = self.length
+        return self.keys[layer, :, :n], self.values[layer, :, :n, :-1]
+
+
+class CanonicalLM:
+    """A lean Llama-family forward with the canonical numerics described above."""
+
+    numeric_path = NUMERIC_PATH
+
+    def __init__(self, hf_model) -> None:
+        cfg = hf_model.config
+        model_type = getattr(cfg, "model_type", "?")
+        if model_type not in SUPPORTED_TYPES or getattr(cfg, "hidden_act", "silu") != "silu":
+            raise SeqkvError(
+                f"canonical numerics support {', '.join(SUPPORTED_TYPES)} models, not "
+                f"'{model_type}'; use --no-canonical for an ordinary (non-reproducible) run"
+            )
+        if model_type == "mistral" and getattr(cfg, "sliding_window", None):
+            raise SeqkvError("canonical numerics do not support sliding-window attention")
+        base = hf_model.model
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.vocab_size = cfg.vocab_size
+        self.max_context = getattr(cfg, "max_position_embeddings", 2048)
+        self.eps = cfg.rms_norm_eps
+        self.scaling = self.head_dim**-0.5
+        p = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+        self.embed = p["model.embed_tokens.weight"]
+        self.lm_head = p.get("lm_head.weight", self.embed)
+        self.norm = p["model.norm.weight"]
+        self.layers = [self._layer(p, i) for i in range(self.num_layers)]
+        # RoPE table from the model's own inverse frequencies, computed once for all positions.
+        inv_freq = base.rotary_emb.inv_freq.detach().double()
+        scale = float(getattr(base.rotary_emb, "attention_scaling", 1.0))
+        angles = torch.arange(self.max_context, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos = (angles.cos() * scale).float()
+        self.sin = (angles.sin() * scale).float()
+
+    @staticmethod
+    def _layer(p: dict, i: int) -> _Layer:
+        pre = f"model.layers.{i}."
+        return _Layer(
+            ln1=p[pre + "input_layernorm.weight"],
+            wq=p[pre + "self_attn.q_proj.weight"],
+            wk=p[pre + "self_attn.k_proj.weight"],
+            wv=p[pre + "self_attn.v_proj.weight"],
+            bq=p.get(pre + "self_attn.q_proj.bias"),
+            bk=p.get(pre + "self_attn.k_proj.bias"),
+            bv=p.get(pre + "self_attn.v_proj.bias"),
+            wo=p[pre + "self_attn.o_proj.weight"],
+            ln2=p[pre + "post_attention_layernorm.weight"],
+            w_gate=p[pre + "mlp.gate_proj.weight"],
+            w_up=p[pre + "mlp.up_proj.weight"],
+            w_down=p[pre + "mlp.down_proj.weight"],
+        )
+
+    def new_state(self, capacity: int) -> KVState:
+        if capacity > self.max_context:
+            raise SeqkvError(f"{capacity} positions exceed the model context ({self.max_context})")
+        return KVState(self, capacity)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, state: KVState, token_ids: torch.Tensor) -> torch.Tensor:
+        """Append `token_ids` (M,) to `state`; return their next-token logits (M, vocab), fp32."""
+        m = int(token_ids.shape[0])
+        p0 = state.length
+        if m == 0:
+            return torch.empty((0, self.vocab_size))
+        if p0 + m > state.capacity:
+            raise SeqkvError(f"sequence longer than the state's capacity ({state.capacity})")
+        m_pad = _round_up(m, ROW_BLOCK)
+        # Padding rows repeat the last token at the last position; they are computed and dropped.
+        rows = torch.arange(m_pad).clamp_(max=m - 1)
+        ids = token_ids.long()[rows]
+        pos = p0 + rows
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        n_blocks = -(-(p0 + m) // KEY_BLOCK)
+        n_keys = n_blocks * KEY_BLOCK
+        groups = self.num_heads // self.num_kv_heads
+        row_pos = pos.repeat(groups)  # rows of the grouped query matrix, see _attention
+        masked = torch.arange(n_keys)[None, :] > row_pos[:, None]
+        h = self.embed[ids]
+        for li, layer in enumerate(self.layers):
+            x = self._rms(h, layer.ln1)
+            q = F.linear(x, layer.wq, layer.bq).view(m_pad, self.num_heads, self.head_dim)
+            k = F.linear(x, layer.wk, layer.bk).view(m_pad, self.num_kv_heads, self.head_dim)
+            v = F.linear(x, layer.wv, layer.bv).view(m_pad, self.num_kv_heads, self.head_dim)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            state.keys[li, :, p0 : p0 + m] = k[:m].transpose(0, 1)
+            state.values[li, :, p0 : p0 + m, :-1] = v[:m].transpose(0, 1)
+            attn = self._attention(state, li, q, masked, n_blocks)
+            h = h + F.linear(attn, layer.wo)
+            x = self._rms(h, layer.ln2)
+            h = h + F.linear(
+                F.silu(F.linear(x, layer.w_gate)) * F.linear(x, layer.w_up), layer.w_down
+            )
+        state.length = p0 + m
+        return F.linear(self._rms(h, self.norm), self.lm_head)[:m]
+
+    def _attention(self, state, li, q, masked, n_blocks) -> torch.Tensor:
+        m_pad, hd, kvh = q.shape[0], self.head_dim, self.num_kv_heads
+        groups = self.num_heads // kvh
+        # (kv_heads, groups * rows, hd): query head h uses kv head h // groups, as in HF repeat_kv.
+        qg = q.view(m_pad, kvh, groups, hd).permute(1, 2, 0, 3).reshape(kvh, groups * m_pad, hd)
+        n_keys = n_blocks * KEY_BLOCK
+        scores = torch.matmul(qg, state.keys[li, :, :n_keys].transpose(1, 2)) * self.scaling
+        scores.masked_fill_(masked, -math.inf)
+        probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        probs = probs.view(kvh, groups * m_pad, n_blocks, KEY_BLOCK).transpose(1, 2).contiguous()
+        vals = state.values[li, :, :n_keys].reshape(kvh, n_blocks, KEY_BLOCK, hd + 1)
+        parts = torch.matmul(probs, vals)  # (kv_heads, blocks, rows, hd + 1)
+        acc = parts[:, 0]
+        for b in range(1, n_blocks):  # fixed block order; masked blocks add exact zeros
+            acc = acc + parts[:, b]
+        out = acc[..., :hd] / acc[..., hd:]
+        out = out.view(kvh, groups, m_pad, hd).permute(2, 0, 1, 3)
+        return out.reshape(m_pad, kvh * groups * hd)
+
+
+def check_row_invariance(dim: int = 576, seed: int = 0) -> bool:
+    """Canary: is a row of a row-block-padded product independent of the other rows here?"""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(3 * dim, dim, generator=gen)
+    x = torch.randn(64, dim, generator=gen)
+    full = F.linear(x, w)
+    return all(
+        torch.equal(F.linear(x[s : s + n], w), full[s : s + n])
+        for s, n in ((0, 8), (8, 16), (24, 8), (40, 24))
+    )

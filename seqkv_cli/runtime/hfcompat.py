@@ -1,0 +1,18 @@
+"""transformers 5.x renamed `past_key_values` to `cache`; accept both spellings."""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache as _memo
+
+
+@_memo
+def _cache_kwarg(forward) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def forward_with_cache(model, input_ids, cache):
+    """One forward of `input_ids` (batch, n) continuing `cache`; returns (logits, cache)."""
+    out = model(input_ids, use_cache=True, **{_cache_kwarg(type(model).forward): cache})
+    new_cache = getattr(out, "cache", None)
+    return out.logits, new_cache if new_cache is not None else out.past_key_values

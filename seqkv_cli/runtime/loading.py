@@ -1,0 +1,207 @@
+"""Resolve `--model` (nothing, a folder, a .gguf file or a hub id) into a loaded model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime import fingerprint as fp
+from seqkv_cli.runtime.paths import cache_root
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM in fp32 eval mode plus what identifies it."""
+
+    model: object
+    tokenizer: object
+    name: str
+    source: str
+    kind: str  # "embedded" | "folder" | "gguf" | "hub"
+    fingerprint: str
+    tokenizer_fingerprint: str
+    folder: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        c = self.config
+        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return getattr(self.config, "max_position_embeddings", None) or 2048
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "kind": self.kind,
+            "fingerprint": self.fingerprint,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "architecture": type(self.model).__name__,
+            "layers": self.num_layers,
+            "kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab": self.vocab_size,
+            "context": self.max_context,
+        }
+
+
+def load_model(spec: str | None = None, *, progress=None) -> LoadedModel:
+    """Load the embedded default (spec None), a local folder, a .gguf file or a hub id."""
+    if not spec:
+        from seqkv_cli.runtime.embedded import EMBEDDED_NAME, embedded_model_path
+
+        folder = embedded_model_path(progress=progress)
+        return _from_folder(folder, name=EMBEDDED_NAME, kind="embedded", source="embedded")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise SeqkvError(f"not a model folder: {spec} (no config.json inside)")
+        return _from_folder(path, name=path.resolve().name, kind="folder", source=str(path))
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise SeqkvError(f"not a model: {spec} (expected a model folder or a .gguf file)")
+        return _from_gguf_file(path, progress)
+    if _HUB_ID.match(spec) and not spec.endswith(".gguf"):
+        return _from_hub(spec)
+    raise SeqkvError(f"no such model file or folder: {spec}")
+
+
+def load_gguf(path: Path):
+    """Load and dequantize a GGUF file with transformers (slow: ~18 s for 135M)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _check_gguf_magic(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype="float32"
+        )
+    except SeqkvError:
+        raise
+    except Exception as exc:  # the gguf reader raises many types on damaged files
+        raise SeqkvError(f"could not read GGUF file {path}: {_one_line(exc)}") from exc
+    return model.eval(), tok
+
+
+def _from_gguf_file(path: Path, progress) -> LoadedModel:
+    # Converted once into the cache, keyed by the file's content hash, like the embedded model.
+    from seqkv_cli.runtime.embedded import CONVERTED_MARKER, convert_gguf
+
+    _check_gguf_magic(path)
+    digest = _file_sha256(path)[:16]
+    target = cache_root() / "models" / f"gguf-{digest}"
+    if not (target / CONVERTED_MARKER).exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf(path, target, progress=progress)
+    return _from_folder(target, name=path.stem, kind="gguf", source=str(path))
+
+
+def _check_gguf_magic(path: Path) -> None:
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise SeqkvError(f"not a GGUF file: {path} (bad magic bytes)")
+
+
+def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    except Exception as exc:
+        raise SeqkvError(f"could not load model from {folder}: {_one_line(exc)}") from exc
+    model_fp, tok_fp = _cached_fingerprints(folder, model, tok)
+    return LoadedModel(model, tok, name, source, kind, model_fp, tok_fp, folder=folder)
+
+
+def _from_hub(repo_id: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def load(local_only: bool):
+        tok = AutoTokenizer.from_pretrained(repo_id, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            repo_id, dtype="float32", local_files_only=local_only
+        )
+        return model.eval(), tok
+
+    try:
+        model, tok = load(True)
+    except Exception:
+        if os.environ.get("HF_HUB_OFFLINE") or not _hub_reachable():
+            raise SeqkvError(
+                f"cannot fetch '{repo_id}': the Hugging Face hub is not reachable from here "
+                "and the model is not in the local HF cache; pass a local folder or .gguf file"
+            ) from None
+        try:
+            model, tok = load(False)
+        except Exception as exc:
+            raise SeqkvError(f"could not load '{repo_id}' from the hub: {_one_line(exc)}") from exc
+    tok_fp = fp.tokenizer_fingerprint(tok)
+    return LoadedModel(
+        model, tok, repo_id, repo_id, "hub", fp.model_fingerprint(model, tok_fp), tok_fp
+    )
+
+
+def _cached_fingerprints(folder: Path, model, tok) -> tuple[str, str]:
+    cache = cache_root() / "fingerprints" / (fp.folder_cache_key(folder) + ".json")
+    if cache.exists():
+        try:
+            data = json.loads(cache.read_text())
+            return data["model"], data["tokenizer"]
+        except (ValueError, KeyError):
+            pass  # damaged cache entry: recompute
+    tok_fp = fp.tokenizer_fingerprint(tok)
+    model_fp = fp.model_fingerprint(model, tok_fp)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"model": model_fp, "tokenizer": tok_fp}))
+    tmp.replace(cache)
+    return model_fp, tok_fp
+
+
+def _hub_reachable(host: str = "huggingface.co") -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

@@ -1,0 +1,105 @@
+"""The canonical-numerics property: same bits for prefill, any chunking, and token stepping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import build_tiny_model
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.canonical import KEY_BLOCK, CanonicalLM, check_row_invariance
+
+
+def run_chunks(lm: CanonicalLM, ids: torch.Tensor, sizes: list[int]):
+    state = lm.new_state(len(ids))
+    logits, i = [], 0
+    for size in sizes:
+        logits.append(lm.forward(state, ids[i : i + size]))
+        i += size
+    assert i == len(ids)
+    return torch.cat(logits), state
+
+
+def chunkings(n: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    random_sizes, left = [], n
+    while left:
+        size = min(left, int(torch.randint(1, 97, (1,), generator=gen)))
+        random_sizes.append(size)
+        left -= size
+    return [[n], [1] * n, [7] * (n // 7) + ([n % 7] if n % 7 else []), random_sizes]
+
+
+def assert_same_everywhere(lm: CanonicalLM, ids: torch.Tensor, seed: int = 0):
+    ref_logits, ref_state = run_chunks(lm, ids, [len(ids)])
+    for sizes in chunkings(len(ids), seed)[1:]:
+        logits, state = run_chunks(lm, ids, sizes)
+        assert torch.equal(logits, ref_logits), f"logits differ for chunking {sizes[:8]}..."
+        assert torch.equal(state.keys, ref_state.keys)
+        assert torch.equal(state.values, ref_state.values)
+    return ref_logits, ref_state
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_tiny_models_bit_identical_across_chunkings(tmp_path, model_type):
+    from transformers import AutoModelForCausalLM
+
+    folder = build_tiny_model(tmp_path / model_type, model_type=model_type, context=1024)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    lm = CanonicalLM(hf)
+    n = KEY_BLOCK + 61  # crosses a key-block boundary
+    ids = torch.randint(0, lm.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    logits, _ = assert_same_everywhere(lm, ids)
+    with torch.no_grad():
+        reference = hf(ids[None]).logits[0]
+    # Canonical numerics reorder sums, nothing else: within float rounding of transformers.
+    assert torch.allclose(logits, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_thread_count_does_not_change_bits(tiny_lm):
+    lm = CanonicalLM(tiny_lm.model)
+    ids = torch.arange(200) % lm.vocab_size
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = run_chunks(lm, ids, [200])
+        torch.set_num_threads(max(2, before))
+        many, _ = run_chunks(lm, ids, [200])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, many)
+
+
+def test_row_invariance_canary_holds_here():
+    assert check_row_invariance()
+
+
+def test_capacity_and_architecture_are_checked(tiny_lm):
+    lm = CanonicalLM(tiny_lm.model)
+    state = lm.new_state(4)
+    lm.forward(state, torch.tensor([1, 2, 3]))
+    with pytest.raises(SeqkvError, match="capacity"):
+        lm.forward(state, torch.tensor([4, 5]))
+    with pytest.raises(SeqkvError, match="exceed the model context"):
+        lm.new_state(lm.max_context + 1)
+
+    class FakeConfig:
+        model_type = "gpt2"
+
+    class Fake:
+        config = FakeConfig()
+
+    with pytest.raises(SeqkvError, match="--no-canonical"):
+        CanonicalLM(Fake())
+
+
+@pytest.mark.model
+def test_embedded_model_bit_identical_prefill_chunked_stepwise(embedded_lm):
+    from conftest import SAMPLE_DATA
+    from seqkv_cli.kvcapture.engine import canonical_model, tokenize
+    from seqkv_cli.kvcapture.inputs import read_inputs
+
+    lm = canonical_model(embedded_lm)
+    doc = read_inputs([str(SAMPLE_DATA / "prose.txt")])[0]
+    ids = torch.tensor(tokenize(embedded_lm, doc)[: KEY_BLOCK + 44])  # 300 positions
+    assert_same_everywhere(lm, ids, seed=3)

@@ -1,0 +1,151 @@
+"""The CLI: exit codes, one-line errors, nothing half-written."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import SAMPLE_DATA
+from seqkv_cli.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str, input: str | None = None):
+    return runner.invoke(app, list(args), input=input, env={"COLUMNS": "200"})
+
+
+def assert_one_line_error(result, fragment: str) -> None:
+    assert result.exit_code == 2, result.output
+    # Progress lines may come first; the error itself is exactly one line, the last one.
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    assert fragment in errors[0], errors[0]
+    assert "Traceback" not in result.output
+
+
+def test_help_and_version():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "capture" in result.stdout and "model" in result.stdout
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == "seqkv 0.1.0"
+
+
+def test_capture_writes_files_and_table(tiny_model_dir, tmp_path):
+    out = tmp_path / "caps"
+    result = invoke(
+        "capture",
+        str(SAMPLE_DATA / "chats.jsonl"),
+        "-o",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--max-tokens",
+        "40",
+        "--dtype",
+        "fp16",
+    )
+    assert result.exit_code == 0, result.output
+    files = sorted(p.name for p in out.iterdir())
+    assert "chat-01.safetensors" in files and len(files) >= 12
+    assert "chat-01" in result.stdout and "log2 PP" in result.stdout
+
+
+def test_capture_stdin_to_single_file(tiny_model_dir, tmp_path):
+    out = tmp_path / "one.safetensors"
+    result = invoke(
+        "capture",
+        "-",
+        "-o",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        input="hello from standard input",
+    )
+    assert result.exit_code == 0, result.output
+    from seqkv_cli import load_capture
+
+    cap = load_capture(out)
+    assert cap.positions == len("hello from standard input") and cap.meta["source"] == "<stdin>"
+
+
+@pytest.mark.parametrize(
+    ("make_args", "fragment"),
+    [
+        (lambda t, m: ["capture", str(t / "missing.txt")], "no such input file"),
+        (lambda t, m: ["capture", str(t / "empty.txt")], "empty input"),
+        (lambda t, m: ["capture", str(t / "bad.jsonl")], "bad.jsonl:2: malformed JSON"),
+        (lambda t, m: ["capture", str(t / "ok.txt"), "--dtype", "int3"], "unknown dtype 'int3'"),
+        (lambda t, m: ["capture", str(t / "ok.txt"), "--model", str(t)], "not a model folder"),
+        (lambda t, m: ["capture", str(t / "ok.txt"), "--model", str(t / "ok.txt")], "not a model"),
+        (
+            lambda t, m: ["capture", str(t / "ok.txt"), "--model", str(t / "junk.gguf")],
+            "not a GGUF file",
+        ),
+        (
+            lambda t, m: ["capture", str(t / "ok.txt"), "--model", str(t / "trunc.gguf")],
+            "could not read GGUF file",
+        ),
+        (
+            lambda t, m: ["capture", str(t / "ok.txt"), "--model", "nobody/no-such-model"],
+            "cannot fetch 'nobody/no-such-model'",
+        ),
+        (
+            lambda t, m: [
+                "capture",
+                str(t / "ok.txt"),
+                "--model",
+                m,
+                "-o",
+                str(t / "ok.txt" / "sub"),
+            ],
+            "cannot create output directory",
+        ),
+        (
+            lambda t, m: ["capture", str(t / "long.txt"), "--model", m, "-o", str(t / "out")],
+            "more than the model context (512); pass --truncate",
+        ),
+    ],
+)
+def test_bad_input_gives_one_line_and_writes_nothing(
+    tmp_path, tiny_model_dir, monkeypatch, make_args, fragment
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "ok.txt").write_text("some text")
+    (tmp_path / "long.txt").write_text("y" * 600)
+    (tmp_path / "bad.jsonl").write_text(
+        '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\nnot json\n'
+    )
+    (tmp_path / "junk.gguf").write_bytes(b"PK\x03\x04" + b"\x00" * 64)
+    (tmp_path / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x07" * 40)
+    result = invoke(*make_args(tmp_path, str(tiny_model_dir)))
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    assert not (tmp_path / "captures").exists()
+
+
+@pytest.mark.model
+def test_model_info_shows_the_embedded_model(embedded_lm):
+    result = invoke("model", "info")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for fragment in (
+        "SmolLM2-135M-Instruct",
+        "LlamaForCausalLM",
+        "30",
+        "49152",
+        "8192",
+        embedded_lm.fingerprint,
+    ):
+        assert fragment in out, fragment
+
+
+@pytest.mark.model
+def test_pipeline_summarises_sample_data(embedded_lm, tmp_path):
+    result = invoke("pipeline", str(SAMPLE_DATA / "prose.txt"), "-o", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert "prose" in result.stdout and "1,298" in result.stdout
+    assert (tmp_path / "run" / "captures" / "prose.safetensors").exists()
