@@ -1,0 +1,100 @@
+"""Add sessions to an existing `.skv` file without rewriting a byte of what it holds.
+
+Crash safety comes from ordering: new sections and a new index go *after* the committed end
+and are fsynced; only then is the spare superblock slot rewritten to point at the new index.
+Killed before that slot write, the file still opens at its old state (readers ignore the
+uncommitted tail, and the next append truncates it); killed after, it opens at the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from typing import Any, BinaryIO
+
+from seqkv_cli.container.errors import (
+    ContainerWriteError,
+    InvalidContainerInputError,
+    UnsupportedVersionError,
+    describe_os_error,
+)
+from seqkv_cli.container.format import FORMAT_MINOR, SLOT_OFFSETS, Slot, crc32c, encode_slot
+from seqkv_cli.container.index import IndexRecord, Region
+from seqkv_cli.container.reader import ContainerReader
+from seqkv_cli.container.writer import Buffer, SectionSink, WriteResult
+
+try:
+    import fcntl
+except ImportError:  # Windows has no flock; concurrent appenders must be kept apart there
+    fcntl = None  # type: ignore[assignment]
+
+
+def append_sessions(
+    path: str | os.PathLike[str],
+    sessions: list[dict[str, Any]],
+    sections: Iterable[tuple[str, Buffer]],
+) -> WriteResult:
+    """Append `sections` and register `sessions` in the header; returns the new sizes.
+
+    The file's pipeline, model and meta are kept; new session ids and section names must
+    not clash with existing ones. Concurrent appenders are serialised with flock.
+    """
+    path = os.fspath(path)
+    if not isinstance(sessions, list):
+        raise InvalidContainerInputError(path, "sessions must be a list of session dicts")
+    try:
+        file = open(path, "r+b")  # noqa: SIM115 - closed in the finally below
+    except OSError as error:
+        raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from None
+    try:
+        if fcntl is not None:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        with ContainerReader(path) as current:
+            major, minor = current.version
+            if minor > FORMAT_MINOR:
+                raise UnsupportedVersionError(
+                    path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
+                )
+            return _append(file, current, sessions, sections)
+    except OSError as error:
+        raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from error
+    finally:
+        file.close()
+
+
+def _append(
+    file: BinaryIO,
+    current: ContainerReader,
+    sessions: list[dict[str, Any]],
+    sections: Iterable[tuple[str, Buffer]],
+) -> WriteResult:
+    """Write segment and index past the committed end, fsync, then flip the spare slot."""
+    slot = current.slot
+    file.truncate(slot.committed_end)  # drop what an interrupted append may have left
+    try:
+        sink = SectionSink(
+            current.path, file, slot.committed_end, (s.name for s in current.sections)
+        )
+        for name, data in sections:
+            sink.add(name, data)
+        previous = Region(slot.index_offset, slot.index_length, slot.index_crc)
+        record = IndexRecord(slot.generation + 1, previous, None, sessions, tuple(sink.entries))
+        old = current.header
+        merged = dict(old, sessions=[*old["sessions"], *sessions])
+        raw = sink.encode_record(record, merged, strict=False)
+        file.seek(sink.offset)
+        file.write(raw)
+        file.flush()
+        os.fsync(file.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            file.truncate(slot.committed_end)
+        raise
+    new = Slot(1 - slot.number, record.generation, sink.offset, len(raw), crc32c(raw))
+    file.seek(SLOT_OFFSETS[new.number])
+    file.write(encode_slot(current.preamble, new))  # the commit point
+    file.flush()
+    os.fsync(file.fileno())
+    section_bytes = sum(entry.length for entry in sink.entries)
+    return WriteResult(current.path, new.generation, new.committed_end, section_bytes, len(raw))

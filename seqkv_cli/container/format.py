@@ -1,0 +1,96 @@
+"""Byte layout of the `.skv` superblock; `docs/FORMAT.md` is the prose version of this file.
+
+The file starts with an 80-byte superblock: 16 bytes of preamble (magic, version, reserved)
+and two 32-byte commit slots. Each slot points at the newest index record (JSON header and
+section table) and is protected by a CRC32C that also covers the preamble. Writers only ever rewrite
+the slot that is *not* current, so an interrupted commit can damage nothing the reader needs.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import google_crc32c
+
+MAGIC = b"\x89SKV\r\n\x1a\n"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
+SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc
+SLOT_SIZE = SLOT_BODY.size + 4  # + CRC32C of preamble and body
+SLOT_OFFSETS = (PREAMBLE.size, PREAMBLE.size + SLOT_SIZE)
+SUPERBLOCK_SIZE = PREAMBLE.size + 2 * SLOT_SIZE  # 80; the data region starts here
+MAX_INDEX_BYTES = 16 * 1024 * 1024
+CRC_CHUNK = 1 << 20  # bytes per google_crc32c call for buffers that are not `bytes`
+
+
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """CRC32C of `data`, continuing from `crc` (google_crc32c accepts only `bytes` itself)."""
+    if isinstance(data, bytes):
+        return google_crc32c.extend(crc, data)
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), CRC_CHUNK):
+        crc = google_crc32c.extend(crc, bytes(view[start : start + CRC_CHUNK]))
+    return crc
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One commit slot: which index is current, and the checksum that index must have."""
+
+    number: int
+    generation: int
+    index_offset: int
+    index_length: int
+    index_crc: int
+
+    @property
+    def committed_end(self) -> int:
+        """File length at commit time; the index is always the last thing written."""
+        return self.index_offset + self.index_length
+
+
+def encode_preamble() -> bytes:
+    """The 16 bytes every `.skv` file this version writes starts with."""
+    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0)
+
+
+def encode_slot(preamble: bytes, slot: Slot) -> bytes:
+    """The 32 bytes of a slot; its CRC covers the preamble so version flips are caught."""
+    body = SLOT_BODY.pack(slot.generation, slot.index_offset, slot.index_length, slot.index_crc)
+    return body + crc32c(preamble + body).to_bytes(4, "little")
+
+
+def encode_superblock(slot: Slot) -> bytes:
+    """A fresh superblock with `slot` filled in and the other slot empty (all zero)."""
+    slots = [bytes(SLOT_SIZE), bytes(SLOT_SIZE)]
+    preamble = encode_preamble()
+    slots[slot.number] = encode_slot(preamble, slot)
+    return preamble + slots[0] + slots[1]
+
+
+def decode_preamble(head: bytes) -> tuple[bytes, int, int, int]:
+    """Split the first 16 bytes into magic, major, minor and the must-be-zero reserved word."""
+    return PREAMBLE.unpack(head[: PREAMBLE.size])
+
+
+def decode_slots(superblock: bytes) -> tuple[list[Slot], list[int]]:
+    """Return the valid slots and the numbers of damaged ones; empty (all-zero) slots are neither.
+
+    A slot is valid when its CRC matches and its generation is at least 1.
+    """
+    preamble = superblock[: PREAMBLE.size]
+    valid: list[Slot] = []
+    damaged: list[int] = []
+    for number, offset in enumerate(SLOT_OFFSETS):
+        raw = superblock[offset : offset + SLOT_SIZE]
+        if raw == bytes(SLOT_SIZE):
+            continue
+        body, slot_crc = raw[: SLOT_BODY.size], int.from_bytes(raw[SLOT_BODY.size :], "little")
+        generation, index_offset, index_length, index_crc = SLOT_BODY.unpack(body)
+        if slot_crc != crc32c(preamble + body) or generation == 0:
+            damaged.append(number)
+            continue
+        valid.append(Slot(number, generation, index_offset, index_length, index_crc))
+    return valid, damaged

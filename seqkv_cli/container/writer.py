@@ -1,0 +1,207 @@
+"""Write a whole `.skv` file atomically, streaming sections so none must sit in memory.
+
+Sections go to a temporary file in the target directory; only after the index and the
+superblock are written and fsynced does `os.replace` put the file in place. Any error on the
+way deletes the temporary file, so a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, BinaryIO
+
+from seqkv_cli.container.errors import (
+    ContainerWriteError,
+    HeaderTooLargeError,
+    InvalidContainerInputError,
+    describe_os_error,
+)
+from seqkv_cli.container.format import (
+    MAX_INDEX_BYTES,
+    SUPERBLOCK_SIZE,
+    Slot,
+    crc32c,
+    encode_superblock,
+)
+from seqkv_cli.container.index import IndexRecord, SectionEntry, encode_record
+from seqkv_cli.container.schema import SchemaViolation, check_header, check_section_name
+
+Buffer = bytes | bytearray | memoryview  # or any C-contiguous buffer, e.g. a numpy array
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Sizes of what was written, for reports that split payload from overhead.
+
+    `section_bytes` and `index_bytes` count what this write (or append) added;
+    `file_bytes` is the size of the whole file afterwards.
+    """
+
+    path: str
+    generation: int
+    file_bytes: int
+    section_bytes: int
+    index_bytes: int
+
+
+class SectionSink:
+    """Streams sections to the end of an open file, remembering where each one landed."""
+
+    def __init__(self, path: str, file: BinaryIO, offset: int, taken: Iterable[str]) -> None:
+        self.path, self.file, self.offset = path, file, offset
+        self.taken = set(taken)
+        self.entries: list[SectionEntry] = []
+
+    def add(self, name: str, data: Buffer) -> SectionEntry:
+        try:
+            check_section_name(name)
+        except SchemaViolation as error:
+            raise InvalidContainerInputError(self.path, str(error)) from None
+        if name in self.taken:
+            raise InvalidContainerInputError(
+                self.path, f"section name {name!r} is used twice; names must be unique"
+            )
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError:
+            raise InvalidContainerInputError(
+                self.path, f"section {name!r} must be contiguous bytes, not {type(data).__name__}"
+            ) from None
+        self.file.seek(self.offset)
+        self.file.write(view)
+        entry = SectionEntry(
+            name, self.offset, len(view), crc32c(data if type(data) is bytes else view)
+        )
+        self.taken.add(name)
+        self.entries.append(entry)
+        self.offset += entry.length
+        return entry
+
+    def encode_record(self, record: IndexRecord, header: dict[str, Any], strict: bool) -> bytes:
+        """Check `header` (the merged one) against every section name, then serialise."""
+        try:
+            check_header(header, self.taken, strict=strict)
+            raw = encode_record(record)
+        except SchemaViolation as error:
+            raise InvalidContainerInputError(self.path, str(error)) from None
+        if len(raw) > MAX_INDEX_BYTES:
+            raise HeaderTooLargeError(
+                self.path, f"the index would be {len(raw)} bytes, over the {MAX_INDEX_BYTES} cap"
+            )
+        return raw
+
+
+class ContainerWriter:
+    """`add_section()` any number of times, then `finish(header)`; use it in a `with` block."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        directory, base = os.path.split(os.path.abspath(self.path))
+        self._directory = directory
+        self._tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as error:
+            raise ContainerWriteError(
+                self.path, f"cannot write: {describe_os_error(error)}"
+            ) from None
+        self._file: BinaryIO | None = os.fdopen(fd, "wb")
+        self._sink = SectionSink(self.path, self._file, SUPERBLOCK_SIZE, ())
+        with self._guard():
+            self._file.write(bytes(SUPERBLOCK_SIZE))  # placeholder until finish()
+
+    def add_section(self, name: str, data: Buffer) -> SectionEntry:
+        """Append one section to the temporary file; its bytes are not kept in memory."""
+        with self._guard():
+            return self._sink.add(name, data)
+
+    def finish(self, header: dict[str, Any]) -> WriteResult:
+        """Write index and superblock, fsync, and move the file into place."""
+        with self._guard():
+            file = self._live_file()
+            record = IndexRecord(1, None, header, [], tuple(self._sink.entries))
+            raw = self._sink.encode_record(record, header, strict=True)
+            offset = self._sink.offset
+            file.seek(offset)
+            file.write(raw)
+            file.seek(0)
+            file.write(encode_superblock(Slot(0, 1, offset, len(raw), crc32c(raw))))
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
+            self._file = None
+            os.replace(self._tmp, self.path)
+            fsync_directory(self._directory)
+        section_bytes = sum(entry.length for entry in self._sink.entries)
+        return WriteResult(self.path, 1, offset + len(raw), section_bytes, len(raw))
+
+    def abort(self) -> None:
+        """Close and delete the temporary file; safe to call more than once."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp)
+
+    def _live_file(self) -> BinaryIO:
+        if self._file is None:
+            raise ContainerWriteError(self.path, "the writer is already finished or aborted")
+        return self._file
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Any failure aborts the write, so no temporary file outlives an error."""
+        self._live_file()
+        try:
+            yield
+        except OSError as error:
+            self.abort()
+            raise ContainerWriteError(
+                self.path, f"cannot write: {describe_os_error(error)}"
+            ) from error
+        except BaseException:
+            self.abort()
+            raise
+
+    def __enter__(self) -> ContainerWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        unfinished = self._file is not None
+        self.abort()
+        if unfinished and exc_type is None:
+            raise ContainerWriteError(self.path, "finish(header) was never called; nothing written")
+
+
+def write_container(
+    path: str | os.PathLike[str], header: dict[str, Any], sections: Iterable[tuple[str, Buffer]]
+) -> WriteResult:
+    """Write `sections` (streamed from any iterable) and `header` to `path` atomically."""
+    with ContainerWriter(path) as writer:
+        for name, data in sections:
+            writer.add_section(name, data)
+        return writer.finish(header)
+
+
+def fsync_directory(directory: str) -> None:
+    """Make a rename durable; some platforms cannot open directories, which is fine."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
