@@ -1,0 +1,162 @@
+"""Throughput and ratio of the seqkv rANS coder against zstandard, on KV-like byte planes.
+
+    OMP_NUM_THREADS=1 python bench/bench_entropy.py --size-mb 16 --json out/bench_entropy.json
+
+Every method round-trips every input (checked); MB/s counts input symbols (one byte each), best
+of ``--repeat`` runs, one thread. ``--kv FILE`` takes the byte planes from a bf16 safetensors
+file instead of synthetic Gaussian bf16 values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import zstandard
+
+from seqkv_codecs.entropy import (
+    decode_symbols,
+    decode_symbols_torch,
+    encode_symbols,
+    encode_symbols_torch,
+)
+
+
+def datasets(n: int, kv_file: str | None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    if kv_file:
+        from safetensors.torch import load_file
+
+        tensors = [t for t in load_file(kv_file).values() if t.dtype == torch.bfloat16]
+        codes = torch.cat([t.reshape(-1) for t in tensors]).view(torch.int16).numpy()
+        codes = np.resize(codes.view(np.uint16), n)
+    else:  # Gaussian values with log-normal per-channel scales, truncated to bf16
+        scale = np.exp(rng.normal(0.0, 1.5, 64)).astype(np.float32)
+        values = rng.standard_normal((n // 64 + 1, 64)).astype(np.float32) * scale
+        codes = (values.reshape(-1)[:n].view(np.uint32) >> 16).astype(np.uint16)
+    return {
+        "kv-high-byte": (codes >> 8).astype(np.uint8),
+        "kv-low-byte": (codes & 0xFF).astype(np.uint8),
+        "skewed-geometric": np.minimum(rng.geometric(0.25, n) - 1, 255).astype(np.uint8),
+    }
+
+
+def methods() -> dict[str, tuple[Callable, Callable]]:
+    found = {
+        "rans-numpy": (lambda a: encode_symbols(a, 256), decode_symbols),
+        "rans-torch-cpu": (
+            lambda a: encode_symbols_torch(torch.from_numpy(a), 256),
+            lambda b: decode_symbols_torch(b, "cpu").numpy(),
+        ),
+    }
+    if torch.cuda.is_available():
+
+        def cuda_encode(a: np.ndarray) -> bytes:
+            return encode_symbols_torch(torch.from_numpy(a).cuda(), 256)
+
+        def cuda_decode(b: bytes) -> np.ndarray:
+            out = decode_symbols_torch(b, "cuda")
+            torch.cuda.synchronize()
+            return out.cpu().numpy()
+
+        found["rans-torch-cuda"] = (cuda_encode, cuda_decode)
+    for level in (3, 19):
+        found[f"zstd-{level}"] = (
+            lambda a, lv=level: zstandard.ZstdCompressor(level=lv).compress(a.tobytes()),
+            lambda b: np.frombuffer(zstandard.ZstdDecompressor().decompress(b), np.uint8),
+        )
+    return found
+
+
+def best_time(fn: Callable, arg, repeat: int):
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn(arg)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def run(size_mb: float, repeat: int, kv_file: str | None) -> list[dict]:
+    n = int(size_mb * (1 << 20))
+    rows = []
+    for data_name, symbols in datasets(n, kv_file).items():
+        counts = np.bincount(symbols, minlength=256)
+        p = counts[counts > 0] / n
+        entropy = float(-(p * np.log2(p)).sum())
+        for name, (encode, decode) in methods().items():
+            t_enc, blob = best_time(encode, symbols, repeat)
+            t_dec, back = best_time(decode, blob, repeat)
+            if not np.array_equal(back, symbols):
+                raise SystemExit(f"{name} failed to round-trip {data_name}")
+            rows.append(
+                {
+                    "data": data_name,
+                    "method": name,
+                    "symbols": n,
+                    "entropy_bits": round(entropy, 4),
+                    "bits_per_symbol": round(len(blob) * 8 / n, 4),
+                    "ratio": round(n / len(blob), 4),
+                    "encode_MBps": round(n / t_enc / 1e6, 1),
+                    "decode_MBps": round(n / t_dec / 1e6, 1),
+                }
+            )
+            print(f"  {data_name:17s} {name:16s} done", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| data | method | entropy (bits) | bits/symbol | ratio | encode MB/s | decode MB/s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['data']} | {r['method']} | {r['entropy_bits']:.3f} | {r['bits_per_symbol']:.3f}"
+            f" | {r['ratio']:.3f} | {r['encode_MBps']:.1f} | {r['decode_MBps']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+        json.dump(payload, tmp, indent=2)
+    os.replace(tmp.name, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=16.0, help="symbols per dataset, in MiB")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per measurement (best kept)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--kv", help="bf16 safetensors file to take real KV byte planes from")
+    parser.add_argument("--json", type=Path, help="write the raw measurements here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = run(args.size_mb, args.repeat, args.kv)
+    print(markdown(rows))
+    if args.json:
+        env = {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "torch": torch.__version__,
+            "zstandard": zstandard.__version__,
+            "cpu": platform.processor() or platform.machine(),
+            "torch_threads": args.threads,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        }
+        write_json(args.json, {"environment": env, "size_mb": args.size_mb, "results": rows})
+
+
+if __name__ == "__main__":
+    main()

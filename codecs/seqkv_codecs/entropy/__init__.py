@@ -1,0 +1,96 @@
+"""Static entropy coding of integer symbols: lane-interleaved rANS, numpy and torch backends.
+
+Both backends write identical bytes (docs/ENTROPY_STREAM.md); ``backend`` only chooses where the
+work runs. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqkv_codecs.entropy import rans_numpy, stream
+from seqkv_codecs.entropy.rans_torch import decode_symbols_torch, encode_symbols_torch
+
+__all__ = ["decode_symbols", "decode_symbols_torch", "encode_symbols", "encode_symbols_torch"]
+
+_BACKENDS = ("numpy", "torch")
+_COUNT_CHUNK = 1 << 20  # bincount converts to intp; chunks keep that copy in cache
+
+
+def encode_symbols(
+    symbols: np.ndarray,
+    alphabet_size: int,
+    *,
+    backend: str = "numpy",
+    device: str | None = None,
+    lanes: int | None = None,
+) -> bytes:
+    """Entropy-code a 1-D integer array whose values lie in ``[0, alphabet_size)``.
+
+    ``lanes`` overrides the default lane count (more lanes suit a GPU); the decoder reads it
+    from the stream.
+    """
+    _check_backend(backend, device)
+    alphabet_size = stream.check_alphabet(alphabet_size)
+    symbols = np.asarray(symbols)
+    if symbols.ndim != 1 or not np.issubdtype(symbols.dtype, np.integer):
+        raise ValueError(
+            f"symbols must be a 1-D integer array, got {symbols.ndim}-D {symbols.dtype}"
+        )
+    if backend == "torch":
+        import torch
+
+        native = np.ascontiguousarray(symbols, dtype=symbols.dtype.newbyteorder("="))
+        return encode_symbols_torch(
+            torch.from_numpy(native).to(device or "cpu"),
+            alphabet_size,
+            lanes=lanes,
+        )
+    n = symbols.size
+    if n:
+        stream.check_range(int(symbols.min()), int(symbols.max()), alphabet_size)
+    symbols = np.ascontiguousarray(symbols)
+    counts = np.zeros(alphabet_size, dtype=np.int64)
+    for start in range(0, n, _COUNT_CHUNK):
+        chunk = symbols[start : start + _COUNT_CHUNK].astype(np.intp, copy=False)
+        counts += np.bincount(chunk, minlength=alphabet_size)
+    return stream.encode_stream(
+        counts,
+        n,
+        alphabet_size,
+        lanes,
+        lambda freqs, precision, lanes: rans_numpy.encode(symbols, freqs, precision, lanes),
+    )
+
+
+def decode_symbols(
+    data: bytes | memoryview,
+    *,
+    backend: str = "numpy",
+    device: str | None = None,
+    max_symbols: int | None = None,
+) -> np.ndarray:
+    """Decode a stream from :func:`encode_symbols`: uint8 if its alphabet has <= 256 symbols,
+    else uint16.
+
+    A stream of one repeated symbol is a few bytes whatever its length; pass ``max_symbols``
+    when the data is untrusted and the expected length is known.
+    """
+    _check_backend(backend, device)
+    if backend == "torch":
+        return decode_symbols_torch(data, device or "cpu", max_symbols=max_symbols).cpu().numpy()
+    parsed = stream.unpack(data, max_symbols)
+    out = np.empty(parsed.n_symbols, dtype=stream.symbol_dtype(parsed.alphabet_size))
+    if parsed.states.size == 0:  # zero or one distinct symbol
+        out.fill(int(np.argmax(parsed.freqs)))
+        return out
+    return rans_numpy.decode(
+        parsed.states, parsed.words, parsed.freqs, parsed.precision, parsed.n_symbols, out
+    )
+
+
+def _check_backend(backend: str, device: str | None) -> None:
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown entropy backend {backend!r}; choose one of {_BACKENDS}")
+    if backend == "numpy" and device not in (None, "cpu"):
+        raise ValueError(f"device={device!r} needs backend='torch'; the numpy backend runs on CPU")
