@@ -1,5 +1,6 @@
 """Sequential token coding: model logits -> integer frequencies -> range coder."""
 
+from seqkv_codecs.sequential.logits_model import LogitsModel
 from seqkv_codecs.sequential.probability import (
     MAX_PRECISION_BITS,
     code_length_bits,
@@ -15,17 +16,32 @@ from seqkv_codecs.sequential.rangecoder import (
     encode_symbol,
     encode_with_tables,
 )
+from seqkv_codecs.sequential.token_coder import (
+    TokenStats,
+    TokenStreamInfo,
+    decode_tokens,
+    encode_tokens,
+    encode_tokens_with_stats,
+    read_token_stream_info,
+)
 
 __all__ = [
     "MAX_PRECISION_BITS",
+    "LogitsModel",
     "RangeDecoder",
     "RangeEncoder",
+    "TokenStats",
+    "TokenStreamInfo",
     "code_length_bits",
     "cumulative",
     "decode_symbol",
+    "decode_tokens",
     "decode_with_tables",
     "encode_symbol",
+    "encode_tokens",
+    "encode_tokens_with_stats",
     "encode_with_tables",
     "frequencies_from_logits",
     "frequencies_from_logits_torch",
+    "read_token_stream_info",
 ]

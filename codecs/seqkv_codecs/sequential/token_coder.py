@@ -1,0 +1,256 @@
+"""Token ids range-coded under the language model's own next-token distribution.
+
+Position i costs -log2 P(t_i | t_<i) bits. The encoder prefills the model in big chunks; the
+decoder can only step, one token per model call, because it learns token i by decoding it.
+Both sides must therefore see bit-identical logits (docs/NUMERICS.md). Positions are cut into
+chunks, each its own range-coder stream with a CRC32 of its token ids, so a decoder whose
+model or numerics differ stops at the first bad chunk and says which one, instead of
+returning wrong tokens. Byte-level spec: docs/TOKEN_STREAM.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import zlib
+from dataclasses import dataclass
+from operator import index
+
+import numpy as np
+
+from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.sequential.logits_model import LogitsModel, feed_checked
+from seqkv_codecs.sequential.probability import cumulative, frequencies_from_logits
+from seqkv_codecs.sequential.rangecoder import RangeDecoder, RangeEncoder
+
+MAGIC = b"SKTK"
+VERSION = 1
+FIRST_TOKEN_UNIFORM = 0  # the only first-token coding of version 1
+_HEAD = struct.Struct("<4sBBBBIII")  # magic, version, P, first-token coding, reserved, V, N, C
+_ENTRY = struct.Struct("<II")  # payload length, CRC32 of the chunk's token ids
+_CRC = struct.Struct("<I")
+_U32 = (1 << 32) - 1
+_BATCH_ELEMENTS = 1 << 22  # rows x V per frequency batch: bounds encoder memory at large V
+
+
+@dataclass(frozen=True, eq=False)  # eq would compare arrays
+class TokenStats:
+    """What a token stream cost; ``position_bits[i]`` is -log2(f / 2**P) of token i."""
+
+    position_bits: np.ndarray
+    n_chunks: int
+    payload_bytes: int  # range-coded bytes, all chunks
+    overhead_bytes: int  # header, chunk table and header CRC
+
+    @property
+    def ideal_bits(self) -> float:
+        return float(self.position_bits.sum())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.payload_bytes + self.overhead_bytes
+
+
+@dataclass(frozen=True)
+class TokenStreamInfo:
+    """A stream's header, readable without a model."""
+
+    vocab_size: int
+    n_tokens: int
+    precision_bits: int
+    chunk_size: int
+    n_chunks: int
+    payload_bytes: int
+    overhead_bytes: int
+
+
+@functools.lru_cache(maxsize=8)
+def _uniform_row(vocab: int, precision_bits: int) -> np.ndarray:
+    """Frequencies of the first token: the row that V zero logits give (≈ log2 V bits each)."""
+    row = frequencies_from_logits(np.zeros(vocab, dtype=np.float32), precision_bits)
+    row.setflags(write=False)
+    return row
+
+
+def _token_crc(ids: np.ndarray) -> int:
+    return zlib.crc32(ids.astype("<u4").tobytes())
+
+
+def _intervals(ids: np.ndarray, model: LogitsModel, precision_bits: int, feed_chunk: int):
+    """(cum_low, freq) of every position: one prefill feed per ``feed_chunk`` tokens."""
+    n, vocab = len(ids), model.vocab_size
+    low, freq = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    if n == 0:
+        return low, freq
+    first = _uniform_row(vocab, precision_bits)
+    low[0], freq[0] = first[: ids[0]].sum(), first[ids[0]]
+    if n == 1:
+        return low, freq
+    state, columns = model.start(n - 1), np.arange(vocab)
+    batch = max(1, _BATCH_ELEMENTS // vocab)
+    for s in range(0, n - 1, feed_chunk):
+        logits = feed_checked(model, state, ids[s : min(s + feed_chunk, n - 1)])
+        for r in range(0, len(logits), batch):
+            f = frequencies_from_logits(logits[r : r + batch], precision_bits)
+            pos = slice(s + 1 + r, s + 1 + r + len(f))
+            nxt = ids[pos, None]
+            low[pos] = np.where(columns < nxt, f, 0).sum(axis=1)
+            freq[pos] = np.take_along_axis(f, nxt, axis=1)[:, 0]
+    return low, freq
+
+
+def _check_tokens(tokens: np.ndarray, vocab: int) -> np.ndarray:
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise CodecError(f"tokens must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise CodecError(f"token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    if ids.size > _U32:
+        raise CodecError(f"{ids.size} tokens exceed the stream's limit of {_U32}")
+    return ids.astype(np.int64)
+
+
+def encode_tokens_with_stats(
+    tokens: np.ndarray,
+    model: LogitsModel,
+    *,
+    precision_bits: int = 24,
+    chunk_size: int = 256,
+    feed_chunk: int = 256,
+) -> tuple[bytes, TokenStats]:
+    """Encode ``tokens`` (N,) under ``model``; also return what each position cost."""
+    precision_bits = index(precision_bits)
+    chunk_size, feed_chunk = index(chunk_size), index(feed_chunk)
+    if not 1 <= chunk_size <= _U32 or feed_chunk < 1:
+        raise CodecError(f"chunk_size must be in 1..{_U32} and feed_chunk >= 1")
+    vocab = index(model.vocab_size)
+    _uniform_row(vocab, precision_bits)  # validates P against V even when there are no tokens
+    ids = _check_tokens(tokens, vocab)
+    low, freq = _intervals(ids, model, precision_bits, feed_chunk)
+    entries, payloads = [], []
+    for a in range(0, len(ids), chunk_size):
+        enc = RangeEncoder()
+        span = slice(a, a + chunk_size)
+        for c, f in zip(low[span].tolist(), freq[span].tolist(), strict=True):
+            enc.encode(c, f, precision_bits)
+        payloads.append(enc.finish())
+        entries.append(_ENTRY.pack(len(payloads[-1]), _token_crc(ids[span])))
+    head = _HEAD.pack(
+        MAGIC, VERSION, precision_bits, FIRST_TOKEN_UNIFORM, 0, vocab, len(ids), chunk_size
+    )
+    head += b"".join(entries)
+    head += _CRC.pack(zlib.crc32(head))
+    payload = b"".join(payloads)
+    stats = TokenStats(
+        position_bits=precision_bits - np.log2(freq.astype(np.float64)),
+        n_chunks=len(payloads),
+        payload_bytes=len(payload),
+        overhead_bytes=len(head),
+    )
+    return head + payload, stats
+
+
+def encode_tokens(
+    tokens: np.ndarray,
+    model: LogitsModel,
+    *,
+    precision_bits: int = 24,
+    chunk_size: int = 256,
+    feed_chunk: int = 256,
+) -> bytes:
+    """Encode ``tokens`` (N,) under ``model``; see :func:`encode_tokens_with_stats`."""
+    data, _ = encode_tokens_with_stats(
+        tokens, model, precision_bits=precision_bits, chunk_size=chunk_size, feed_chunk=feed_chunk
+    )
+    return data
+
+
+def _parse(data: bytes) -> tuple[TokenStreamInfo, list[tuple[int, int, bytes, int]]]:
+    """Header and (first, stop, payload, crc) per chunk; every inconsistency is corrupt."""
+    buf = bytes(data)
+    if len(buf) < _HEAD.size + _CRC.size:
+        raise CorruptStreamError(f"token stream is truncated: {len(buf)} bytes, less than a header")
+    magic, version, precision, first_coding, reserved, vocab, n, size = _HEAD.unpack_from(buf)
+    if magic != MAGIC:
+        raise CorruptStreamError(f"not a seqkv token stream: magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise CorruptStreamError(
+            f"token stream version {version} is not supported (only {VERSION})"
+        )
+    n_chunks = -(-n // size) if size else 0
+    table_end = _HEAD.size + n_chunks * _ENTRY.size
+    if size == 0 or len(buf) < table_end + _CRC.size:
+        raise CorruptStreamError("token stream is truncated or its chunk size is corrupt")
+    if zlib.crc32(buf[:table_end]) != _CRC.unpack_from(buf, table_end)[0]:
+        raise CorruptStreamError("token stream header failed its CRC: the stream is damaged")
+    if (
+        first_coding != FIRST_TOKEN_UNIFORM
+        or reserved
+        or not 1 <= vocab < 1 << precision <= 1 << 31
+    ):
+        raise CorruptStreamError(
+            f"token stream header is invalid (P={precision}, V={vocab}, first={first_coding})"
+        )
+    chunks, offset = [], table_end + _CRC.size
+    for k in range(n_chunks):
+        length, crc = _ENTRY.unpack_from(buf, _HEAD.size + k * _ENTRY.size)
+        if length == 0 or offset + length > len(buf):
+            raise CorruptStreamError(f"token stream is truncated inside chunk {k}")
+        chunks.append((k * size, min(k * size + size, n), buf[offset : offset + length], crc))
+        offset += length
+    if offset != len(buf):
+        raise CorruptStreamError(f"token stream has {len(buf) - offset} bytes of trailing data")
+    head = table_end + _CRC.size
+    info = TokenStreamInfo(vocab, n, precision, size, n_chunks, len(buf) - head, head)
+    return info, chunks
+
+
+def read_token_stream_info(data: bytes) -> TokenStreamInfo:
+    """Parse and check a stream's header and chunk table without decoding any token."""
+    return _parse(data)[0]
+
+
+def _decode_one(dec: RangeDecoder, row: np.ndarray, precision_bits: int) -> int:
+    cdf = cumulative(row)
+    symbol = int(np.searchsorted(cdf, dec.peek(precision_bits), side="right")) - 1
+    dec.advance(int(cdf[symbol]), int(row[symbol]), precision_bits)
+    return symbol
+
+
+def decode_tokens(data: bytes, model: LogitsModel) -> np.ndarray:
+    """Decode a stream from :func:`encode_tokens` with the same model; int64 ids (N,)."""
+    info, chunks = _parse(data)
+    if model.vocab_size != info.vocab_size:
+        raise CodecError(
+            f"the token stream was coded with a {info.vocab_size}-token vocabulary; "
+            f"this model has {model.vocab_size}: use the model that encoded it"
+        )
+    p, n = info.precision_bits, info.n_tokens
+    out = np.zeros(n, dtype=np.int64)
+    state = model.start(n - 1) if n > 1 else None
+    for k, (a, b, payload, crc) in enumerate(chunks):
+        where = f"token chunk {k} (positions {a}..{b - 1})"
+        dec = RangeDecoder(payload)
+        try:
+            for i in range(a, b):
+                if i == 0:
+                    row = _uniform_row(info.vocab_size, p)
+                else:
+                    logits = feed_checked(model, state, out[i - 1 : i])
+                    row = frequencies_from_logits(logits[0], p)
+                out[i] = _decode_one(dec, row, p)
+        except CorruptStreamError as exc:
+            raise CorruptStreamError(
+                f"{where} could not be decoded ({exc}): the decoder's model or numerics "
+                "differ from the encoder's, or the stream is damaged"
+            ) from exc
+        if _token_crc(out[a:b]) != crc:
+            raise CorruptStreamError(
+                f"{where} failed its CRC: the decoder's model or numerics differ from the "
+                "encoder's (or the stream is damaged)"
+            )
+        try:
+            dec.finish_check()
+        except CorruptStreamError as exc:
+            raise CorruptStreamError(f"{where}: {exc}") from exc
+    return out

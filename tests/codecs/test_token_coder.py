@@ -1,0 +1,248 @@
+"""Token coder: round trips, cost vs ideal, desync and damage detection, canonical forward."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.sequential import code_length_bits, frequencies_from_logits
+from seqkv_codecs.sequential.logits_model import LogitsModel
+from seqkv_codecs.sequential.token_coder import (
+    decode_tokens,
+    encode_tokens,
+    encode_tokens_with_stats,
+    read_token_stream_info,
+)
+
+VOCAB = 97
+HEADER = 24  # fixed header + header CRC; each chunk adds 8 table bytes
+
+
+class FakeLM:
+    """Logits from integer hashes of the last two tokens: the same bits under any chunking.
+
+    ``perturb_from`` adds a small (< 0.1) offset to the logits of positions >= it, standing in
+    for a decoder whose numerics differ from the encoder's.
+    """
+
+    def __init__(self, vocab: int = VOCAB, perturb_from: int | None = None) -> None:
+        self.vocab_size = vocab
+        self.perturb_from = perturb_from
+        self.feed_sizes: list[int] = []
+
+    def logits(self, cur: np.ndarray, prev: np.ndarray) -> np.ndarray:
+        j = np.arange(self.vocab_size)
+        h = (cur[:, None] * 7919 + prev[:, None] * 104_729 + j * 31_337) % 1021
+        return (h - 510).astype(np.float32) / np.float32(64)
+
+    def start(self, capacity: int) -> dict:
+        return {"last": self.vocab_size, "length": 0, "capacity": capacity}
+
+    def feed(self, state: dict, token_ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        assert ids.dtype == np.int64 and len(ids) > 0
+        assert state["length"] + len(ids) <= state["capacity"], "fed past the capacity"
+        logits = self.logits(ids, np.concatenate([[state["last"]], ids[:-1]]))
+        if self.perturb_from is not None:
+            late = state["length"] + np.arange(len(ids)) >= self.perturb_from
+            logits[late] += self.logits(ids[late] + 1, ids[late]) / np.float32(100)
+        state["last"], state["length"] = int(ids[-1]), state["length"] + len(ids)
+        self.feed_sizes.append(len(ids))
+        return logits
+
+
+def sample_tokens(model: LogitsModel, n: int, seed: int = 0) -> np.ndarray:
+    """Tokens drawn from the model itself, so they cost about its entropy."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(n, dtype=np.int64)
+    out[0] = rng.integers(model.vocab_size)
+    state = model.start(n - 1)
+    for i in range(1, n):
+        z = np.asarray(model.feed(state, out[i - 1 : i])[0], dtype=np.float64)
+        p = np.exp(z - z.max())
+        out[i] = rng.choice(model.vocab_size, p=p / p.sum())
+    return out
+
+
+def random_tokens(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, n)
+
+
+def test_fake_model_is_chunking_invariant():
+    ids = random_tokens(50)
+    lm = FakeLM()
+    whole = lm.feed(lm.start(50), ids)
+    state = lm.start(50)
+    pieces = [lm.feed(state, ids[i : i + 7]) for i in range(0, 50, 7)]
+    assert np.array_equal(whole, np.concatenate(pieces))
+    assert isinstance(lm, LogitsModel)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 255, 256, 257, 1000])
+def test_round_trip_fake_model(n):
+    tokens = random_tokens(n, seed=n)
+    enc_lm, dec_lm = FakeLM(), FakeLM()
+    data = encode_tokens(tokens, enc_lm, feed_chunk=100)
+    decoded = decode_tokens(data, dec_lm)
+    assert decoded.dtype == np.int64
+    np.testing.assert_array_equal(decoded, tokens)
+    # The encoder prefills (<= feed_chunk per call); the decoder feeds one token per call.
+    assert enc_lm.feed_sizes == [min(100, n - 1 - s) for s in range(0, n - 1, 100)]
+    assert dec_lm.feed_sizes == [1] * max(n - 1, 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(0, 90),
+    precision=st.integers(8, 31),
+    chunk_size=st.integers(1, 40),
+    feed_chunk=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_round_trip_any_parameters(n, precision, chunk_size, feed_chunk, seed):
+    tokens = random_tokens(n, seed)
+    data = encode_tokens(
+        tokens, FakeLM(), precision_bits=precision, chunk_size=chunk_size, feed_chunk=feed_chunk
+    )
+    np.testing.assert_array_equal(decode_tokens(data, FakeLM()), tokens)
+    # How the encoder feeds the model never changes the bytes.
+    assert data == encode_tokens(
+        tokens, FakeLM(), precision_bits=precision, chunk_size=chunk_size, feed_chunk=n + 1
+    )
+
+
+def test_size_is_close_to_ideal_and_stats_are_exact():
+    lm = FakeLM()
+    tokens = sample_tokens(lm, 1000)
+    data, stats = encode_tokens_with_stats(tokens, lm, precision_bits=24, chunk_size=256)
+    assert stats.n_chunks == 4
+    assert stats.overhead_bytes == HEADER + 8 * stats.n_chunks
+    assert len(data) == stats.total_bytes == stats.payload_bytes + stats.overhead_bytes
+    # The range coder adds at most ~1 byte per chunk (its flush) to the ideal code length.
+    assert stats.ideal_bits / 8 - 1 <= stats.payload_bytes <= stats.ideal_bits / 8 + 2 * 4
+    # Ideal bits are those of the frequency tables: uniform first token, model after that.
+    freqs = frequencies_from_logits(lm.logits(tokens[:-1], np.r_[VOCAB, tokens[:-2]]), 24)
+    expected = code_length_bits(freqs, tokens[1:])
+    assert math.isclose(stats.position_bits[1:].sum(), expected, rel_tol=1e-12)
+    assert abs(stats.position_bits[0] - math.log2(VOCAB)) < 1e-4
+    # Sampled from the model: far below the uniform cost log2(97) = 6.6 bits per token.
+    assert stats.ideal_bits / 1000 < 4.5
+    info = read_token_stream_info(data)
+    assert (info.vocab_size, info.n_tokens, info.precision_bits, info.chunk_size) == (
+        VOCAB,
+        1000,
+        24,
+        256,
+    )
+    assert (info.payload_bytes, info.overhead_bytes) == (stats.payload_bytes, HEADER + 32)
+
+
+def test_golden_stream():
+    """Pins the format: docs/TOKEN_STREAM.md quotes this vector."""
+    tokens = (np.arange(40) * np.arange(40) * 7 + 3 * np.arange(40)) % VOCAB
+    data = encode_tokens(tokens, FakeLM(), precision_bits=16, chunk_size=16)
+    assert data[:20].hex() == "534b544b011000006100000028000000" + "10000000"
+    assert len(data) == 106
+    assert hashlib.sha256(data).hexdigest() == (
+        "653e3ca8847359a9e2f1db8f6656c04b2d1a1be29eff48b60b392a79abdda599"
+    )
+
+
+def test_decoder_with_different_numerics_names_the_chunk():
+    tokens = sample_tokens(FakeLM(), 600, seed=3)
+    data = encode_tokens(tokens, FakeLM(), chunk_size=256)
+    exact, perturbed = FakeLM(), FakeLM(perturb_from=300)
+    good = exact.feed(exact.start(599), tokens[:-1])
+    delta = perturbed.feed(perturbed.start(599), tokens[:-1]) - good
+    assert not delta[:300].any() and 0 < np.abs(delta[300:]).max() <= 0.08  # slightly off
+    with pytest.raises(CorruptStreamError, match=r"token chunk 1 \(positions 256\.\.511\)"):
+        decode_tokens(data, FakeLM(perturb_from=300))
+    with pytest.raises(CorruptStreamError, match=r"token chunk 2 \(positions 512\.\.599\)"):
+        decode_tokens(data, FakeLM(perturb_from=590))
+
+
+def test_every_truncation_and_bit_flip_raises_corrupt_stream():
+    tokens = random_tokens(40, seed=7)
+    data = encode_tokens(tokens, FakeLM(), precision_bits=16, chunk_size=16)
+    lm = FakeLM()
+    for size in range(len(data)):
+        with pytest.raises(CorruptStreamError):
+            decode_tokens(data[:size], lm)
+    with pytest.raises(CorruptStreamError, match="trailing"):
+        decode_tokens(data + b"\0", lm)
+    for bit in range(8 * len(data)):
+        damaged = bytearray(data)
+        damaged[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(CorruptStreamError):
+            decode_tokens(bytes(damaged), lm)
+
+
+def test_wrong_model_and_bad_arguments_raise_codec_errors():
+    data = encode_tokens(random_tokens(20), FakeLM())
+    with pytest.raises(CodecError, match="97-token vocabulary"):
+        decode_tokens(data, FakeLM(vocab=98))
+    bad = [
+        (random_tokens(6).reshape(2, 3), {}, "1-D integer"),
+        (np.array([0.0, 1.0]), {}, "1-D integer"),
+        (np.array([0, VOCAB]), {}, r"\[0, 97\)"),
+        (np.array([-1, 0]), {}, r"\[0, 97\)"),
+        (random_tokens(5), {"precision_bits": 6}, "do not fit"),
+        (random_tokens(5), {"chunk_size": 0}, "chunk_size"),
+        (random_tokens(5), {"feed_chunk": 0}, "feed_chunk"),
+    ]
+    for tokens, kwargs, message in bad:
+        with pytest.raises(CodecError, match=message):
+            encode_tokens(tokens, FakeLM(), **kwargs)
+
+    class Flat(FakeLM):
+        def feed(self, state, token_ids):
+            return super().feed(state, token_ids)[:, :-1]
+
+    with pytest.raises(CodecError, match="shape"):
+        encode_tokens(random_tokens(5), Flat())
+
+
+# --- the canonical forward on a tiny random llama ------------------------------------------
+
+
+class CanonicalAdapter:
+    """CanonicalLM as a LogitsModel (the lead's seqkv_cli wrapper does the same)."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm
+        self.vocab_size = lm.vocab_size
+
+    def start(self, capacity: int):
+        return self.lm.new_state(capacity)
+
+    def feed(self, state, token_ids: np.ndarray) -> np.ndarray:
+        import torch
+
+        return self.lm.forward(state, torch.from_numpy(np.asarray(token_ids))).numpy()
+
+
+@pytest.fixture(scope="module")
+def canonical(tmp_path_factory) -> CanonicalAdapter:
+    from transformers import AutoModelForCausalLM
+
+    from conftest import build_tiny_model
+    from seqkv_cli.runtime.canonical import CanonicalLM
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", context=512)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    return CanonicalAdapter(CanonicalLM(hf))
+
+
+def test_round_trip_canonical_lm(canonical):
+    tokens = sample_tokens(canonical, 320, seed=1)  # crosses the 256-position key block
+    data, stats = encode_tokens_with_stats(tokens, canonical)
+    np.testing.assert_array_equal(decode_tokens(data, canonical), tokens)
+    assert stats.n_chunks == 2
+    assert stats.payload_bytes <= stats.ideal_bits / 8 + 2 * stats.n_chunks
+    assert data == encode_tokens(tokens, canonical, feed_chunk=37)  # prefill chunking
