@@ -1,0 +1,174 @@
+"""The `Codec` base class (numcodecs-style) and the 13-byte header every KV codec stream opens with.
+
+A codec turns one `KVBlock` into bytes and back. Its configuration is a JSON-safe dict with an
+``"id"``; a pipeline is a list of such dicts, stored in the container so that every file says
+how to decode itself. The stream is self-contained as well: shape, dtype and kind live in a
+small header, so a stream decodes without its container.
+
+Header layout, little-endian, 13 bytes::
+
+    0   2  magic: two ASCII bytes naming the codec family (catches a stream fed to the wrong codec)
+    2   1  stream version (uint8) of that codec's layout
+    3   1  dtype: 0 bf16, 1 fp16, 2 fp32
+    4   1  kind: 0 key, 1 value
+    5   2  num_kv_heads (uint16)
+    7   4  seq_len (uint32)
+    11  2  head_dim (uint16)
+"""
+
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.kvblock import KINDS, STORAGE_DTYPES, KVBlock
+
+_HEADER = struct.Struct("<2sBBBHIH")
+_DTYPES = tuple(STORAGE_DTYPES)
+
+
+class StreamHeader(NamedTuple):
+    """What a stream says about the block it holds."""
+
+    version: int
+    dtype: str
+    kind: str
+    shape: tuple[int, int, int]
+
+
+class StreamReader:
+    """Reads a codec stream front to back; every shortfall becomes a `CorruptStreamError`."""
+
+    def __init__(self, data: bytes | memoryview, what: str) -> None:
+        self._buf = memoryview(data).cast("B")
+        self._pos = 0
+        self._what = what
+
+    def take(self, n: int) -> memoryview:
+        """The next ``n`` bytes."""
+        if n < 0 or self._pos + n > len(self._buf):
+            raise CorruptStreamError(
+                f"{self._what} stream is truncated: needs {n} bytes at offset {self._pos}, "
+                f"only {len(self._buf) - self._pos} left"
+            )
+        out = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return out
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        """The next fixed-size fields, `struct` format ``fmt`` (give the byte order)."""
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
+
+    def array(self, dtype: str, count: int) -> np.ndarray:
+        """The next ``count`` elements of little-endian ``dtype`` (e.g. ``"<f2"``), as a copy."""
+        dt = np.dtype(dtype)
+        return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).copy()
+
+    def section(self) -> memoryview:
+        """A length-prefixed section: uint32 byte count, then the bytes."""
+        (n,) = self.unpack("<I")
+        return self.take(n)
+
+    def finish(self) -> None:
+        """Trailing bytes mean the stream is not what the header says it is."""
+        if self._pos != len(self._buf):
+            raise CorruptStreamError(
+                f"{self._what} stream has {len(self._buf) - self._pos} unexpected trailing bytes"
+            )
+
+
+def section(payload: bytes) -> bytes:
+    """Frame ``payload`` as a section that `StreamReader.section` reads back."""
+    return struct.pack("<I", len(payload)) + payload
+
+
+class Codec(ABC):
+    """Encodes one `KVBlock` to bytes and back.
+
+    Subclasses set the class attributes, keep their parameters as public instance attributes
+    (they form the config) and implement `encode` and `decode`.
+    """
+
+    codec_id: ClassVar[str]
+    description: ClassVar[str]
+    lossless: ClassVar[bool]
+    typical_bits_per_component: ClassVar[float | None] = None
+    #: two ASCII bytes opening every stream of this codec
+    stream_magic: ClassVar[bytes]
+    #: layout version written into the header; bump it whenever the bytes change
+    stream_version: ClassVar[int] = 1
+
+    @abstractmethod
+    def encode(self, block: KVBlock) -> bytes:
+        """Compress ``block`` into a self-contained stream."""
+
+    @abstractmethod
+    def decode(self, data: bytes | memoryview) -> KVBlock:
+        """Restore the block; raises `CorruptStreamError` on anything malformed."""
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON-safe parameters, ``"id"`` first."""
+        params = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {"id": self.codec_id, **params}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Codec:
+        """Instantiate from `get_config` output."""
+        params = dict(config)
+        codec_id = params.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise CodecError(f"config for codec {codec_id!r} given to codec {cls.codec_id!r}")
+        try:
+            return cls(**params)
+        except TypeError as exc:
+            raise CodecError(f"bad config for codec {cls.codec_id!r}: {exc}") from exc
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Codec):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
+        return f"{type(self).__name__}({params})"
+
+    def _header(self, block: KVBlock) -> bytes:
+        """The stream header for ``block``; refuses shapes the header cannot hold."""
+        heads, seq_len, head_dim = block.shape
+        if heads > 0xFFFF or head_dim > 0xFFFF or seq_len > 0xFFFFFFFF:
+            raise CodecError(f"block shape {block.shape} is too large for a codec stream")
+        return _HEADER.pack(
+            self.stream_magic,
+            self.stream_version,
+            _DTYPES.index(block.dtype),
+            KINDS.index(block.kind),
+            heads,
+            seq_len,
+            head_dim,
+        )
+
+    def _open(self, data: bytes | memoryview) -> tuple[StreamReader, StreamHeader]:
+        """Check the header of ``data``; returns a reader positioned after it."""
+        reader = StreamReader(data, self.codec_id)
+        magic, version, dtype, kind, heads, seq_len, head_dim = reader.unpack(_HEADER.format)
+        if magic != self.stream_magic:
+            raise CorruptStreamError(
+                f"not a {self.codec_id!r} stream: magic {magic!r}, expected {self.stream_magic!r}"
+            )
+        if version != self.stream_version:
+            raise CorruptStreamError(
+                f"{self.codec_id!r} stream version {version} is not supported "
+                f"(this seqkv reads version {self.stream_version})"
+            )
+        if dtype >= len(_DTYPES) or kind >= len(KINDS) or heads == 0 or head_dim == 0:
+            raise CorruptStreamError(f"{self.codec_id!r} stream header is malformed")
+        return reader, StreamHeader(
+            version, _DTYPES[dtype], KINDS[kind], (heads, seq_len, head_dim)
+        )
