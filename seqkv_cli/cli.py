@@ -8,6 +8,8 @@ import typer
 
 from seqkv_cli import __version__
 from seqkv_cli.commands.capture import capture_command
+from seqkv_cli.commands.compress import compress_command, decompress_command
+from seqkv_cli.commands.inspect import codecs_command, info_command, verify_command
 from seqkv_cli.commands.model import model_app
 from seqkv_cli.commands.pipeline import pipeline_command
 
@@ -38,6 +40,11 @@ def _root(
 
 
 app.command("capture")(capture_command)
+app.command("compress")(compress_command)
+app.command("decompress")(decompress_command)
+app.command("verify")(verify_command)
+app.command("info")(info_command)
+app.command("codecs")(codecs_command)
 app.command("pipeline")(pipeline_command)
 app.add_typer(model_app, name="model")
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_codecs.errors import CodecError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -23,9 +24,9 @@ def handle_errors(func):
         quiet_libraries()
         try:
             return func(*args, **kwargs)
-        except SeqkvError as exc:
+        except (SeqkvError, CodecError) as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
+            raise typer.Exit(getattr(exc, "exit_code", 2)) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None

@@ -78,8 +78,7 @@ def save_capture(capture: Capture, path: Path) -> int:
 _JSON_META = {"num_layers", "num_kv_heads", "head_dim", "positions", "versions", "truncated"}
 
 
-def load_capture(path: Path | str) -> Capture:
-    """Read a capture file, checking its format marker and version."""
+def _read(path: Path | str, *, with_tensors: bool):
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -89,7 +88,7 @@ def load_capture(path: Path | str) -> Capture:
         with safe_open(str(path), framework="pt") as f:
             raw_meta = f.metadata() or {}
             names = set(f.keys())
-            tensors = {n: f.get_tensor(n) for n in names}
+            tensors = {n: f.get_tensor(n) for n in names} if with_tensors else {}
     except (SafetensorError, OSError, ValueError) as exc:
         raise SeqkvError(f"{path} is not a capture file (not safetensors: {exc})") from None
     if raw_meta.get("format") != CAPTURE_FORMAT:
@@ -97,11 +96,25 @@ def load_capture(path: Path | str) -> Capture:
     version = int(raw_meta.get("format_version", "0"))
     if version > CAPTURE_VERSION:
         raise SeqkvError(f"{path} was written by a newer seqkv (capture v{version}); upgrade")
-    meta = {
-        k: (json.loads(v) if k in _JSON_META else v)
-        for k, v in raw_meta.items()
-        if k not in ("format", "format_version")
-    }
+    try:
+        meta = {
+            k: (json.loads(v) if k in _JSON_META else v)
+            for k, v in raw_meta.items()
+            if k not in ("format", "format_version")
+        }
+    except ValueError:
+        raise SeqkvError(f"{path}: damaged capture metadata") from None
+    return path, meta, names, tensors
+
+
+def load_capture_meta(path: Path | str) -> dict:
+    """A capture's metadata, without reading its tensors."""
+    return _read(path, with_tensors=False)[1]
+
+
+def load_capture(path: Path | str) -> Capture:
+    """Read a capture file, checking its format marker and version."""
+    path, meta, names, tensors = _read(path, with_tensors=True)
     n_layers = sum(1 for n in names if n.endswith(".key"))
     try:
         keys = [tensors[f"layers.{i}.key"] for i in range(n_layers)]

@@ -1,0 +1,84 @@
+"""`seqkv compress` and `seqkv decompress`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from seqkv_cli.commands._common import console, handle_errors, human_bytes
+from seqkv_cli.commands.capture import ModelOption, token_progress
+
+
+@handle_errors
+def compress_command(
+    captures: Annotated[list[Path], typer.Argument(help="Capture files (.safetensors).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The .skv file to write.")],
+    codec: Annotated[str, typer.Option(help="Codec id; `seqkv codecs` lists them.")] = "lossless",
+    model: ModelOption = None,
+    residual: Annotated[
+        str,
+        typer.Option(
+            help="seq/seq-fast: 'lossless' stores what recomputation misses; "
+            "'none' refuses captures that do not recompute exactly."
+        ),
+    ] = "lossless",
+    verify: Annotated[
+        bool, typer.Option(help="Decode every block again before reporting success.")
+    ] = True,
+) -> None:
+    """Compress captures into one self-describing .skv container."""
+    from seqkv_cli.kvcapture.capture_file import load_capture_meta
+    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
+    from seqkv_cli.skv.compress import compress_captures, resolve_codec
+
+    spec = {"id": codec, "residual": residual} if codec in SESSION_CODECS else codec
+    resolve_codec(spec)  # refuse an unknown id before reading any capture
+    total = sum(load_capture_meta(p)["positions"] for p in captures)
+    with token_progress() as bar:
+        task = bar.add_task(f"compressing ({codec})", total=total)
+        res = compress_captures(
+            list(captures),
+            out,
+            codec=spec,
+            model=model,
+            check=verify,
+            on_progress=lambda n: bar.advance(task, n),
+        )
+    bits = res.file_bytes * 8 / max(res.positions, 1)
+    table = Table(title=f"{out}: {res.sessions} session(s), {res.positions:,} positions")
+    for col in ("part", "bytes", "bits/position"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    for part, n in sorted(res.part_bytes.items()):
+        table.add_row(part, human_bytes(n), f"{n * 8 / max(res.positions, 1):,.1f}")
+    table.add_section()
+    table.add_row("total", human_bytes(res.file_bytes), f"{bits:,.1f}")
+    console.print(table)
+    console.print(
+        f"K/V {human_bytes(res.input_kv_bytes)} -> {human_bytes(res.file_bytes)} file "
+        f"({res.input_kv_bytes / max(res.file_bytes, 1):.2f}x) with {codec}"
+    )
+
+
+@handle_errors
+def decompress_command(
+    archive: Annotated[Path, typer.Argument(help="The .skv file.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for capture files.")],
+    model: ModelOption = None,
+    session: Annotated[
+        list[str] | None, typer.Option("--session", help="Only this session id (repeatable).")
+    ] = None,
+) -> None:
+    """Restore sessions of a container as capture files (safetensors)."""
+    from seqkv_cli.skv.restore import decompress
+
+    paths = decompress(
+        archive,
+        out,
+        session or None,
+        on_session=lambda e, p: console.print(f"{e['id']}: {p}"),
+        model=model,
+    )
+    console.print(f"restored {len(paths)} session(s) into {out}")

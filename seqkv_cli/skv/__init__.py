@@ -1,0 +1,1 @@
+"""Captures in and out of `.skv` containers: compress, restore, verify, account."""

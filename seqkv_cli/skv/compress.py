@@ -1,0 +1,221 @@
+"""`compress`: captures → one `.skv` container with a per-vector codec pipeline."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.skv.blocks import to_block
+from seqkv_cli.skv.layout import kv_part, section_name, session_entry
+
+
+@dataclass
+class CompressResult:
+    path: Path
+    sessions: int = 0
+    positions: int = 0
+    input_kv_bytes: int = 0
+    file_bytes: int = 0
+    part_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.input_kv_bytes / max(self.part_bytes.get("kv", 0), 1)
+
+
+def resolve_codec(spec: str | dict):
+    """A codec instance from an id or config; unknown ids list the valid ones.
+
+    Session codecs (`seq`, `seq-fast`) need the model and live in seqkv_cli; per-vector
+    codecs come from the codec library's registry.
+    """
+    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
+    from seqkv_codecs.errors import CodecError, UnknownCodecError
+    from seqkv_codecs.registry import available_codecs, get_codec
+
+    codec_id = spec if isinstance(spec, str) else spec.get("id")
+    if codec_id in SESSION_CODECS:
+        cls = SESSION_CODECS[codec_id]
+        return cls() if isinstance(spec, str) else cls.from_config(spec)
+    try:
+        return get_codec(spec)
+    except (CodecError, ValueError) as exc:
+        if not isinstance(exc, UnknownCodecError):
+            raise SeqkvError(f"bad codec config {spec}: {exc}") from None
+        ids = sorted([*SESSION_CODECS, *(c.codec_id for c in available_codecs())])
+        raise SeqkvError(f"unknown codec id {codec_id!r}; available: {', '.join(ids)}") from None
+
+
+def compress_captures(
+    paths: list[Path],
+    out: Path,
+    *,
+    codec: str | dict = "lossless",
+    check: bool = True,
+    model=None,
+    on_progress: Callable[[int], None] | None = None,
+) -> CompressResult:
+    """Encode every capture's K/V with `codec` and write the container atomically.
+
+    With `check`, each encoded block is decoded again at once and, for lossless codecs,
+    compared bit for bit, so a file that would not restore is never reported as written.
+    """
+    from seqkv_cli.container import ContainerWriter
+    from seqkv_cli.kvcapture.capture_file import load_capture
+
+    if not paths:
+        raise SeqkvError("no captures to compress")
+    from seqkv_cli.sequential.session_codecs import SessionCodec
+
+    coder = resolve_codec(codec)
+    canon, header_model = None, None
+    if isinstance(coder, SessionCodec):
+        canon, header_model = _load_canonical(model)
+    result = CompressResult(Path(out))
+    sessions, seen = [], set()
+    with ContainerWriter(out) as writer:
+        for index, path in enumerate(paths):
+            cap = load_capture(path)
+            header_model = _same_model(header_model, cap, path)
+            if cap.session_id in seen:
+                raise SeqkvError(f"two captures have session id '{cap.session_id}' ({path})")
+            seen.add(cap.session_id)
+            if canon is not None:
+                names, extra = _write_sequential(writer, index, cap, coder, canon, check, result)
+                if on_progress:
+                    on_progress(cap.positions)
+            else:
+                names = _write_session(writer, index, cap, coder, check, result, on_progress)
+                extra = {}
+            sessions.append({**session_entry(index, cap, names), **extra})
+            result.sessions += 1
+            result.positions += cap.positions
+        header = {
+            "pipeline": [coder.get_config()],
+            "model": header_model,
+            "sessions": sessions,
+            "meta": {
+                "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "writer": _writer_version(),
+            },
+        }
+        written = writer.finish(header)
+    result.file_bytes = written.file_bytes
+    result.part_bytes["header"] = written.file_bytes - written.section_bytes
+    return result
+
+
+def _write_session(writer, index, cap, coder, check, result, on_progress) -> list[str]:
+    names = []
+
+    def add(part: str, data: bytes, group: str) -> None:
+        name = section_name(index, part)
+        writer.add_section(name, data)
+        names.append(name)
+        result.part_bytes[group] = result.part_bytes.get(group, 0) + len(data)
+
+    add("tokens", np.asarray(cap.tokens.numpy(), dtype="<u4").tobytes(), "tokens")
+    add("surprisal", np.asarray(cap.surprisal.numpy(), dtype="<f8").tobytes(), "surprisal")
+    for layer in range(len(cap.keys)):
+        for kind, tensor in (("key", cap.keys[layer]), ("value", cap.values[layer])):
+            block = to_block(tensor, cap.meta["dtype"], kind)
+            encoded = coder.encode(block)
+            if check:
+                _check_block(coder, encoded, block, f"{cap.session_id} layer {layer}")
+            add(kv_part(layer, kind), encoded, "kv")
+            result.input_kv_bytes += block.nbytes
+    if on_progress:
+        on_progress(cap.positions)
+    return names
+
+
+def _load_canonical(model):
+    """The canonical forward of `model` (spec, LoadedModel or None = embedded) + its identity."""
+    from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.loading import LoadedModel, load_model
+
+    lm = model if isinstance(model, LoadedModel) else load_model(model)
+    ident = {
+        "fingerprint": lm.fingerprint,
+        "tokenizer_fingerprint": lm.tokenizer_fingerprint,
+        "name": lm.name,
+    }
+    return canonical_model(lm), ident
+
+
+def _write_sequential(writer, index, cap, coder, canon, check, result):
+    enc = coder.encode(cap, canon)
+    names = []
+    for part, data in enc.parts.items():
+        name = section_name(index, part)
+        writer.add_section(name, data)
+        names.append(name)
+        group = "tokens" if part == "tokens.seq" else part.split(".", 1)[0]
+        result.part_bytes[group] = result.part_bytes.get(group, 0) + len(data)
+    result.input_kv_bytes += cap.kv_bytes()
+    result.part_bytes.setdefault("kv", 0)
+    if check:
+        entry = {"id": cap.session_id, "positions": cap.positions, "dtype": cap.meta["dtype"]}
+        restored = coder.decode(entry, enc.parts.get, canon)
+        if not same_capture(cap, restored):
+            raise SeqkvError(
+                f"session {cap.session_id} did not round-trip through "
+                f"{coder.codec_id}; nothing written"
+            )
+    extra = {
+        "token_bits_ideal": round(enc.token_bits_ideal, 3),
+        "residual_bytes": enc.residual_bytes,
+        "notes": enc.notes,
+    }
+    return names, extra
+
+
+def same_capture(a, b) -> bool:
+    """Tokens, surprisal and every K/V tensor equal bit for bit."""
+    import torch
+
+    pairs = [
+        (a.tokens, b.tokens),
+        (a.surprisal.double(), b.surprisal.double()),
+        *zip(a.keys, b.keys, strict=True),
+        *zip(a.values, b.values, strict=True),
+    ]
+    return all(
+        x.dtype == y.dtype
+        and x.shape == y.shape
+        and torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+        for x, y in pairs
+    )
+
+
+def _same_model(model: dict | None, cap, path: Path) -> dict:
+    this = {
+        "fingerprint": cap.meta.get("model_fingerprint", "unknown"),
+        "tokenizer_fingerprint": cap.meta.get("tokenizer_fingerprint", "unknown"),
+        "name": cap.meta.get("model_name", "unknown"),
+    }
+    if model is not None and model["fingerprint"] != this["fingerprint"]:
+        raise SeqkvError(
+            f"{path} comes from a different model ({this['fingerprint'][:12]} vs "
+            f"{model['fingerprint'][:12]}); compress captures of one model per container"
+        )
+    return model or this
+
+
+def _check_block(coder, encoded: bytes, block, where: str) -> None:
+    decoded = coder.decode(encoded)
+    if decoded.shape != block.shape or decoded.dtype != block.dtype:
+        raise SeqkvError(f"codec {coder.codec_id} changed the shape of {where}; not written")
+    if coder.lossless and decoded != block:
+        raise SeqkvError(f"codec {coder.codec_id} did not round-trip {where}; not written")
+
+
+def _writer_version() -> str:
+    from seqkv_cli import __version__
+
+    return f"seqkv {__version__}"

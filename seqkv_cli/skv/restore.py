@@ -1,0 +1,179 @@
+"""Reading sessions back out of a container: decode sections into captures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.skv.blocks import to_tensor
+from seqkv_cli.skv.layout import kv_part, section_name
+
+
+class Archive:
+    """An open container plus its decoding pipeline; sessions decode one at a time."""
+
+    def __init__(self, path: Path | str, model=None) -> None:
+        from seqkv_cli.container import open_container
+        from seqkv_cli.skv.compress import resolve_codec
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise SeqkvError(f"no such file: {self.path}")
+        self.reader = open_container(self.path)
+        header = self.reader.header
+        self.sessions: list[dict] = header["sessions"]
+        for entry in self.sessions:
+            _check_entry(self.path, entry)
+        self.model: dict = header["model"] or {}
+        pipeline = header["pipeline"]
+        if len(pipeline) != 1:
+            raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
+        self.codec = resolve_codec(pipeline[0])
+        self._model_spec, self._canon = model, None
+
+    @property
+    def needs_model(self) -> bool:
+        from seqkv_cli.sequential.session_codecs import SessionCodec
+
+        return isinstance(self.codec, SessionCodec)
+
+    def canonical(self):
+        """The model this container was compressed with, checked by fingerprint."""
+        if self._canon is None:
+            from seqkv_cli.skv.compress import _load_canonical
+
+            canon, ident = _load_canonical(self._model_spec)
+            want = self.model.get("fingerprint", "?")
+            if ident["fingerprint"] != want:
+                raise SeqkvError(
+                    f"{self.path} was compressed with model {self.model.get('name', '?')} "
+                    f"(fingerprint {want[:16]}); the loaded model {ident['name']} has "
+                    f"fingerprint {ident['fingerprint'][:16]}; pass --model with the right one"
+                )
+            self._canon = canon
+        return self._canon
+
+    def _decode_session(self, entry: dict, read):
+        from seqkv_codecs.errors import CodecError
+
+        try:
+            return self.codec.decode(entry, read, self.canonical())
+        except CodecError as exc:
+            raise SeqkvError(f"{self.path}: session {entry['id']}: {exc}") from None
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.reader.close()
+
+    def session(self, session_id: str) -> dict:
+        for entry in self.sessions:
+            if entry["id"] == session_id:
+                return entry
+        known = ", ".join(e["id"] for e in self.sessions[:10])
+        raise SeqkvError(f"{self.path} has no session '{session_id}' (it has: {known})")
+
+    def decode_kv(self, entry: dict, layer: int, kind: str) -> torch.Tensor:
+        from seqkv_codecs.errors import CodecError
+
+        name = section_name(entry["index"], kv_part(layer, kind))
+        data = self.reader.read_section(name)  # checks the section's CRC32C
+        try:
+            block = self.codec.decode(data)
+        except CodecError as exc:
+            raise SeqkvError(f"{self.path}: section {name} does not decode: {exc}") from None
+        expected = (
+            entry["shapes"]["num_kv_heads"],
+            entry["positions"],
+            entry["shapes"]["head_dim"],
+        )
+        if block.shape != expected or block.dtype != entry["dtype"]:
+            raise SeqkvError(f"{self.path}: section {name} decodes to the wrong shape or dtype")
+        return to_tensor(block)
+
+    def restore(self, entry: dict):
+        """The session as a Capture (K/V decoded by the pipeline)."""
+        from seqkv_cli.kvcapture.capture_file import Capture
+
+        i = entry["index"]
+        if self.needs_model:
+            owned = set(entry["sections"])
+
+            def read(part: str) -> bytes | None:
+                name = section_name(i, part)
+                return self.reader.read_section(name) if name in owned else None
+
+            if section_name(i, "tokens.seq") not in owned:
+                raise SeqkvError(f"{self.path}: session {entry['id']} has no token stream")
+            return self._decode_session(entry, read)
+        tokens = np.frombuffer(self.reader.read_section(section_name(i, "tokens")), "<u4")
+        surprisal = np.frombuffer(self.reader.read_section(section_name(i, "surprisal")), "<f8")
+        n = entry["positions"]
+        if tokens.shape[0] != n or surprisal.shape[0] != max(n - 1, 0):
+            raise SeqkvError(f"{self.path}: session {entry['id']} has inconsistent lengths")
+        layers = range(entry["shapes"]["num_layers"])
+        keys = [self.decode_kv(entry, layer, "key") for layer in layers]
+        values = [self.decode_kv(entry, layer, "value") for layer in layers]
+        meta = dict(entry.get("capture_meta", {}))
+        meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
+        return Capture(
+            torch.from_numpy(tokens.astype(np.int64)),
+            keys,
+            values,
+            torch.from_numpy(surprisal.copy()),
+            meta,
+        )
+
+
+def _check_entry(path: Path, entry) -> None:
+    """Headers pass their CRC, but a file written by another tool may still lack fields."""
+    shapes = entry.get("shapes") if isinstance(entry, dict) else None
+    ok = (
+        isinstance(shapes, dict)
+        and isinstance(entry.get("id"), str)
+        and all(isinstance(entry.get(k), int) for k in ("index", "positions"))
+        and entry.get("dtype") in ("bf16", "fp16", "fp32")
+        and all(isinstance(shapes.get(k), int) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    )
+    if not ok:
+        raise SeqkvError(f"{path}: malformed session entry in the header: {str(entry)[:80]}")
+
+
+def decompress(
+    path: Path, out_dir: Path, session_ids: list[str] | None = None, on_session=None, model=None
+) -> list[Path]:
+    """Write capture files for the chosen sessions (all by default); all or nothing."""
+    from seqkv_cli.kvcapture.capture_file import save_capture
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SeqkvError(f"cannot create output directory {out_dir}: {exc.strerror}") from None
+    if not os.access(out_dir, os.W_OK):
+        raise SeqkvError(f"output directory {out_dir} is not writable")
+    written: list[Path] = []
+    with Archive(path, model=model) as archive:
+        entries = [archive.session(s) for s in session_ids] if session_ids else archive.sessions
+        try:
+            for entry in entries:
+                target = out_dir / f"{_safe(entry['id'])}.safetensors"
+                save_capture(archive.restore(entry), target)
+                written.append(target)
+                if on_session:
+                    on_session(entry, target)
+        except BaseException:
+            for done in written:  # a failed run leaves no partial set of files behind
+                done.unlink(missing_ok=True)
+            raise
+    return written
+
+
+def _safe(session_id: str) -> str:
+    from seqkv_cli.kvcapture.inputs import Document
+
+    return Document(id=session_id, source="").file_stem

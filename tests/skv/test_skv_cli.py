@@ -1,0 +1,169 @@
+"""compress / decompress / verify / info through the CLI, on captures of a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from seqkv_cli import capture, load_capture
+from seqkv_cli.cli import app
+
+runner = CliRunner()
+LOSSY_REL_L2 = {"int8": 0.02, "kivi4": 0.15, "kivi2": 0.5, "turbo4": 0.12, "turbo3": 0.22}
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+
+
+def assert_error(result, fragment: str, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def captures(tiny_lm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("caps")
+    text = folder / "a.txt"
+    text.write_text("Lighthouses guided ships along dangerous coasts for centuries. " * 4)
+    other = folder / "b.txt"
+    other.write_text("def f(x):\n    return x * 2\n" * 6)
+    results = capture([str(text), str(other)], model=tiny_lm, out=folder / "out")
+    return [r.path for r in results]
+
+
+@pytest.mark.parametrize("codec", ["raw", "lossless"])
+def test_lossless_codecs_restore_bit_exactly(captures, tmp_path, codec):
+    skv = tmp_path / "x.skv"
+    result = invoke("compress", *captures, "-o", skv, "--codec", codec)
+    assert result.exit_code == 0, result.output
+    result = invoke("verify", skv, "--against", captures[0], "--against", captures[1])
+    assert result.exit_code == 0, result.output
+    assert "integrity OK" in result.stdout and result.stdout.count(" yes ") == 2
+    result = invoke("decompress", skv, "-o", tmp_path / "dec")
+    assert result.exit_code == 0, result.output
+    for original in captures:
+        a, b = load_capture(original), load_capture(tmp_path / "dec" / original.name)
+        for x, y in zip(
+            [a.tokens, a.surprisal, *a.keys, *a.values],
+            [b.tokens, b.surprisal, *b.keys, *b.values],
+            strict=True,
+        ):
+            assert x.dtype == y.dtype and torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+        assert b.meta["model_fingerprint"] == a.meta["model_fingerprint"]
+
+
+@pytest.mark.parametrize("codec", sorted(LOSSY_REL_L2))
+def test_lossy_codecs_stay_within_their_error(captures, tmp_path, codec):
+    skv = tmp_path / "x.skv"
+    assert invoke("compress", captures[0], "-o", skv, "--codec", codec).exit_code == 0
+    result = invoke("decompress", skv, "-o", tmp_path / "dec")
+    assert result.exit_code == 0, result.output
+    a, b = load_capture(captures[0]), load_capture(tmp_path / "dec" / captures[0].name)
+    for x, y in zip(a.keys + a.values, b.keys + b.values, strict=True):
+        rel = float((x.float() - y.float()).norm() / x.float().norm())
+        assert rel <= LOSSY_REL_L2[codec], (codec, rel)
+    assert skv.stat().st_size < sum(t.numel() * 2 for t in a.keys + a.values)
+    result = invoke("verify", skv, "--against", captures[0])
+    assert result.exit_code == 0 and " no " in result.stdout
+
+
+def test_info_reports_parts_and_bits(captures, tmp_path):
+    skv = tmp_path / "x.skv"
+    invoke("compress", *captures, "-o", skv, "--codec", "int8")
+    result = invoke("info", skv)
+    assert result.exit_code == 0, result.output
+    for fragment in (
+        "bits per position by part",
+        "keys",
+        "values",
+        "tokens",
+        "header + index",
+        "int8",
+        "vs fp16",
+    ):
+        assert fragment in result.stdout, fragment
+
+
+def test_codecs_lists_every_codec():
+    result = invoke("codecs")
+    assert result.exit_code == 0
+    for codec_id in ("raw", "lossless", "int8", "kivi2", "kivi4", "turbo3", "turbo4"):
+        assert codec_id in result.stdout
+
+
+def test_bad_containers_give_one_line(captures, tmp_path):
+    skv = tmp_path / "good.skv"
+    invoke("compress", captures[0], "-o", skv, "--codec", "lossless")
+    data = skv.read_bytes()
+    (tmp_path / "text.skv").write_text("hello, not a container")
+    assert_error(invoke("info", tmp_path / "text.skv"), "not")
+    (tmp_path / "trunc.skv").write_bytes(data[: len(data) // 2])
+    assert_error(invoke("verify", tmp_path / "trunc.skv"), "trunc.skv")
+    newer = bytearray(data)
+    newer[8:10] = (99).to_bytes(2, "little")
+    (tmp_path / "newer.skv").write_bytes(bytes(newer))
+    assert_error(invoke("info", tmp_path / "newer.skv"), "newer seqkv")
+    flipped = bytearray(data)
+    flipped[200] ^= 0x10  # inside the first section's payload
+    (tmp_path / "flip.skv").write_bytes(bytes(flipped))
+    result = invoke("decompress", tmp_path / "flip.skv", "-o", tmp_path / "never")
+    assert_error(result, "s0/")
+    assert not list((tmp_path / "never").glob("*.safetensors"))
+    assert_error(invoke("info", tmp_path / "missing.skv"), "no such file")
+
+
+def test_unknown_codec_ids(captures, tmp_path):
+    result = invoke("compress", captures[0], "-o", tmp_path / "x.skv", "--codec", "zip9")
+    assert_error(result, "unknown codec id 'zip9'; available:")
+    assert "lossless" in result.stderr and not (tmp_path / "x.skv").exists()
+    from seqkv_cli.container import write_container
+
+    header = {
+        "pipeline": [{"id": "from-the-future"}],
+        "model": {"fingerprint": "x"},
+        "sessions": [],
+    }
+    write_container(tmp_path / "future.skv", header, [])
+    assert_error(invoke("info", tmp_path / "future.skv"), "unknown codec id 'from-the-future'")
+
+
+def test_mixed_models_and_missing_session(captures, tmp_path, tiny_model_dir):
+    from seqkv_cli.kvcapture.capture_file import save_capture
+
+    other = load_capture(captures[1])
+    other.meta["model_fingerprint"] = "f" * 64
+    other.meta["session_id"] = "other"
+    save_capture(other, tmp_path / "other.safetensors")
+    result = invoke(
+        "compress", captures[0], tmp_path / "other.safetensors", "-o", tmp_path / "mix.skv"
+    )
+    assert_error(result, "different model")
+    assert not (tmp_path / "mix.skv").exists() and not list(tmp_path.glob(".*tmp*"))
+    skv = tmp_path / "x.skv"
+    invoke("compress", captures[0], "-o", skv)
+    assert_error(
+        invoke("decompress", skv, "-o", tmp_path / "d", "--session", "nope"),
+        "has no session 'nope'",
+    )
+
+
+def test_container_header_describes_itself(captures, tmp_path):
+    from seqkv_cli.container import open_container
+
+    skv = tmp_path / "x.skv"
+    invoke("compress", *captures, "-o", skv, "--codec", "kivi2")
+    with open_container(skv) as reader:
+        header = reader.header
+    assert header["pipeline"][0]["id"] == "kivi2"
+    assert [s["id"] for s in header["sessions"]] == ["a", "b"]
+    session = header["sessions"][0]
+    assert session["shapes"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16}
+    assert session["numeric_path"].startswith("canonical")
+    assert len(header["model"]["fingerprint"]) == 64
+    json.dumps(header)  # plain JSON all the way down
