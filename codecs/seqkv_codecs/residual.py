@@ -1,0 +1,95 @@
+"""Lossless residual between captured K/V and K/V recomputed from the tokens.
+
+Stored as bit-pattern differences (captured - recomputed, as unsigned integers of the
+element width) because recomputation on another numeric path is usually off by a few ULPs
+in a small share of elements: the difference is mostly 0 and otherwise small.
+
+Stream (little-endian): magic ``b"SKR1"``, u8 version (1), u8 element width in bytes
+(2 or 4), u8 number of 16-bit planes k (0..3), u8 reserved 0, u64 element count n,
+u64 nonzero count z, then u32 length + bytes of the mask stream (rANS over {0, 1}, n symbols;
+absent when z = 0), then for each plane, low first, u32 length + rANS stream (z symbols,
+alphabet 65536) of ``(zigzag(diff) >> 16·j) & 0xFFFF`` for the nonzero elements in order.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from seqkv_codecs.errors import CorruptStreamError
+
+MAGIC = b"SKR1"
+_HEAD = struct.Struct("<4sBBBBQQ")
+_LEN = struct.Struct("<I")
+_UINT = {2: np.uint16, 4: np.uint32}
+
+
+def encode_residual(captured: np.ndarray, recomputed: np.ndarray) -> bytes:
+    """Bit patterns of the same shape and unsigned dtype (uint16 or uint32)."""
+    from seqkv_codecs.entropy import encode_symbols
+
+    if captured.shape != recomputed.shape or captured.dtype != recomputed.dtype:
+        raise ValueError("captured and recomputed K/V must have the same shape and dtype")
+    width = captured.dtype.itemsize
+    diff = captured.astype(np.int64).ravel() - recomputed.astype(np.int64).ravel()
+    nonzero = diff != 0
+    z = int(nonzero.sum())
+    zig = np.where(diff[nonzero] >= 0, 2 * diff[nonzero], -2 * diff[nonzero] - 1).astype(np.uint64)
+    planes = 0 if z == 0 else (int(zig.max()).bit_length() + 15) // 16
+    out = [_HEAD.pack(MAGIC, 1, width, planes, 0, diff.size, z)]
+    if z:
+        for stream in [encode_symbols(nonzero.astype(np.uint8), 2)] + [
+            encode_symbols(
+                ((zig >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.uint16), 65536
+            )
+            for j in range(planes)
+        ]:
+            out += [_LEN.pack(len(stream)), stream]
+    return b"".join(out)
+
+
+def is_empty(data: bytes) -> bool:
+    return len(data) >= _HEAD.size and _HEAD.unpack_from(data)[6] == 0
+
+
+def apply_residual(data: bytes, recomputed: np.ndarray) -> np.ndarray:
+    """Captured bit patterns = recomputed + residual."""
+    from seqkv_codecs.entropy import decode_symbols
+
+    if len(data) < _HEAD.size:
+        raise CorruptStreamError("residual stream shorter than its header")
+    magic, version, width, planes, _, n, z = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != 1 or width != recomputed.dtype.itemsize:
+        raise CorruptStreamError("not a residual stream of this element type")
+    if n != recomputed.size or z > n or planes > 3:
+        raise CorruptStreamError("residual stream does not match the recomputed K/V")
+    flat = recomputed.astype(np.int64).ravel()
+    if z:
+        streams, pos = [], _HEAD.size
+        for _ in range(1 + planes):
+            if pos + _LEN.size > len(data):
+                raise CorruptStreamError("residual stream truncated")
+            (length,) = _LEN.unpack_from(data, pos)
+            streams.append(data[pos + _LEN.size : pos + _LEN.size + length])
+            pos += _LEN.size + length
+        if pos != len(data):
+            raise CorruptStreamError("residual stream has trailing or missing bytes")
+        mask = decode_symbols(streams[0], max_symbols=n).astype(bool)
+        zig = np.zeros(z, np.uint64)
+        for j, s in enumerate(streams[1:]):
+            plane = decode_symbols(s, max_symbols=z)
+            if plane.shape != (z,):
+                raise CorruptStreamError("residual plane has the wrong length")
+            zig |= plane.astype(np.uint64) << np.uint64(16 * j)
+        if mask.shape != (n,) or int(mask.sum()) != z:
+            raise CorruptStreamError("residual mask does not match its nonzero count")
+        signed = np.where(
+            zig % 2 == 0, (zig // 2).astype(np.int64), -((zig + 1) // 2).astype(np.int64)
+        )
+        flat[mask] += signed
+    elif len(data) != _HEAD.size:
+        raise CorruptStreamError("empty residual stream has trailing bytes")
+    if flat.min(initial=0) < 0 or flat.max(initial=0) >= 1 << (8 * width):
+        raise CorruptStreamError("residual moves a value out of range")
+    return flat.astype(_UINT[width]).reshape(recomputed.shape)

@@ -1,0 +1,196 @@
+"""`seq` and `seq-fast`: whole-session codecs that need the model.
+
+Both store token ids and restore K/V by recomputing it on the canonical path, plus a
+residual for whatever recomputation does not reproduce bit for bit (nothing, for a canonical
+capture). They differ in how tokens are coded:
+
+* `seq` — range-coded under the model's own next-token distribution: about log2 PP bits per
+  position; decoding steps the model once per token.
+* `seq-fast` — static rANS over the session's token histogram (model-free); decoding is one
+  parallel prefill, so it is fast, and costs about the unigram entropy per position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
+from seqkv_cli.sequential.adapter import CanonicalLogits
+
+RESIDUAL_MODES = ("lossless", "none")
+
+
+@dataclass
+class EncodedSession:
+    parts: dict[str, bytes]
+    token_bits_ideal: float
+    residual_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    t = t.contiguous()
+    return (
+        t.view(torch.int16).numpy().view(np.uint16)
+        if t.element_size() == 2
+        else t.view(torch.int32).numpy().view(np.uint32)
+    )
+
+
+def _from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    signed = np.int16 if bits.dtype == np.uint16 else np.int32
+    return torch.from_numpy(bits.view(signed).copy()).view(dtype)
+
+
+class SessionCodec:
+    codec_id: str
+    description: str
+    typical_bits_per_component = None
+    lossless = True
+
+    def __init__(
+        self, precision_bits: int = 24, chunk_size: int = 1024, residual: str = "lossless"
+    ) -> None:
+        if residual not in RESIDUAL_MODES:
+            raise SeqkvError(f"unknown residual mode '{residual}'; use one of {RESIDUAL_MODES}")
+        self.precision_bits, self.chunk_size, self.residual = precision_bits, chunk_size, residual
+
+    def get_config(self) -> dict:
+        return {
+            "id": self.codec_id,
+            "precision_bits": self.precision_bits,
+            "chunk_size": self.chunk_size,
+            "residual": self.residual,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> SessionCodec:
+        args = {k: v for k, v in config.items() if k != "id"}
+        try:
+            return cls(**args)
+        except TypeError as exc:
+            raise SeqkvError(f"bad {cls.codec_id} config {config}: {exc}") from None
+
+    # -- to be provided by subclasses -------------------------------------------------------
+    def encode_tokens(self, tokens: np.ndarray, adapter: CanonicalLogits) -> tuple[bytes, float]:
+        raise NotImplementedError
+
+    def decode_tokens(self, data: bytes, adapter: CanonicalLogits) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------
+    def encode(self, cap: Capture, canon) -> EncodedSession:
+        adapter = CanonicalLogits(canon)
+        tokens = cap.tokens.numpy().astype(np.int64)
+        data, ideal = self.encode_tokens(tokens, adapter)
+        adapter.finish(tokens)
+        out = EncodedSession({"tokens.seq": data}, ideal)
+        dtype = DTYPES[cap.meta["dtype"]]
+        keys, values = adapter.kv(dtype)
+        for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
+            for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
+                self._residual(out, f"layers.{layer}.{kind}", _bits(a), _bits(b), cap)
+        if not torch.equal(adapter.surprisal, cap.surprisal.double()):
+            # Not expected for canonical captures; kept explicit so restore stays exact.
+            out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
+            out.notes.append("surprisal differs from recomputation; stored explicitly")
+        return out
+
+    def _residual(self, out: EncodedSession, part: str, captured, recomputed, cap) -> None:
+        from seqkv_codecs.residual import encode_residual
+
+        if np.array_equal(captured, recomputed):
+            return
+        if self.residual == "none":
+            raise SeqkvError(
+                f"capture {cap.session_id}: its tokens do not reproduce its own K/V ({part} "
+                f"differs; numeric path {cap.meta.get('numeric_path')}); use --residual lossless"
+            )
+        data = encode_residual(captured, recomputed)
+        out.parts[f"residual.{part}"] = data
+        out.residual_bytes += len(data)
+
+    def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
+        from seqkv_codecs.residual import apply_residual
+
+        adapter = CanonicalLogits(canon)
+        tokens = self.decode_tokens(read("tokens.seq"), adapter)
+        if len(tokens) != entry["positions"]:
+            raise SeqkvError(
+                f"session {entry['id']}: token stream holds {len(tokens)} tokens, "
+                f"header says {entry['positions']}"
+            )
+        adapter.finish(tokens)
+        dtype = DTYPES[entry["dtype"]]
+        keys, values = adapter.kv(dtype)
+        for kind, tensors in (("key", keys), ("value", values)):
+            for layer, t in enumerate(tensors):
+                data = read(f"residual.layers.{layer}.{kind}")
+                if data is not None:
+                    tensors[layer] = _from_bits(apply_residual(data, _bits(t)), dtype)
+        stored = read("surprisal")
+        surprisal = (
+            torch.from_numpy(np.frombuffer(stored, "<f8").copy())
+            if stored is not None
+            else adapter.surprisal
+        )
+        meta = dict(entry.get("capture_meta", {}))
+        meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
+        return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
+
+
+class SeqCodec(SessionCodec):
+    codec_id = "seq"
+    description = (
+        "token ids range-coded under the model (≈ log2 PP bits/position) + exact "
+        "K/V recomputation + residual; decode steps the model per token"
+    )
+
+    def encode_tokens(self, tokens, adapter):
+        from seqkv_codecs.sequential import encode_tokens_with_stats
+
+        data, stats = encode_tokens_with_stats(
+            tokens, adapter, precision_bits=self.precision_bits, chunk_size=self.chunk_size
+        )
+        return data, stats.ideal_bits
+
+    def decode_tokens(self, data, adapter):
+        from seqkv_codecs.sequential import decode_tokens
+
+        return decode_tokens(data, adapter)
+
+
+class SeqFastCodec(SessionCodec):
+    codec_id = "seq-fast"
+    description = (
+        "token ids under a static unigram rANS table + K/V recomputed by one "
+        "parallel prefill (fast decode, more bits) + residual"
+    )
+
+    def encode_tokens(self, tokens, adapter):
+        from seqkv_codecs.entropy import encode_symbols
+
+        data = encode_symbols(tokens, adapter.vocab_size)
+        adapter.start(len(tokens))
+        for s in range(0, len(tokens), 256):  # prefill: K/V and surprisal, as a decoder gets them
+            adapter.feed(adapter.state, tokens[s : s + 256])
+        counts = np.bincount(tokens, minlength=adapter.vocab_size)
+        p = counts[counts > 0] / max(len(tokens), 1)
+        return data, float(-(counts[counts > 0] * np.log2(p)).sum())
+
+    def decode_tokens(self, data, adapter):
+        from seqkv_codecs.entropy import decode_symbols
+
+        tokens = decode_symbols(data, max_symbols=adapter.canon.max_context).astype(np.int64)
+        adapter.start(len(tokens))
+        for s in range(0, len(tokens), 256):
+            adapter.feed(adapter.state, tokens[s : s + 256])
+        return tokens
+
+
+SESSION_CODECS = {c.codec_id: c for c in (SeqCodec, SeqFastCodec)}

@@ -1,0 +1,135 @@
+"""seq and seq-fast: tokens coded, K/V recomputed, restored bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import SAMPLE_DATA, build_tiny_model
+from seqkv_cli import capture, load_capture
+from seqkv_cli.cli import app
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.skv.compress import compress_captures, same_capture
+from seqkv_cli.skv.restore import Archive, decompress
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+
+
+@pytest.fixture(scope="module")
+def caps(tiny_lm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("seqcaps")
+    (folder / "a.txt").write_text("Water flows from reservoirs through mains to every tap. " * 6)
+    (folder / "b.txt").write_text("for i in range(10):\n    print(i * i)\n" * 8)
+    canonical = capture(
+        [str(folder / "a.txt"), str(folder / "b.txt")], model=tiny_lm, out=folder / "canon"
+    )
+    ordinary = capture(
+        [str(folder / "a.txt")], model=tiny_lm, out=folder / "plain", canonical=False
+    )
+    return [r.path for r in canonical], ordinary[0].path
+
+
+@pytest.mark.parametrize("codec", ["seq", "seq-fast"])
+def test_canonical_capture_restores_exactly_with_empty_residual(caps, tiny_lm, tmp_path, codec):
+    paths, _ = caps
+    res = compress_captures(paths, tmp_path / "x.skv", codec=codec, model=tiny_lm)
+    assert "residual" not in res.part_bytes and res.part_bytes["tokens"] > 0
+    with Archive(tmp_path / "x.skv", model=tiny_lm) as arc:
+        assert all(e["residual_bytes"] == 0 for e in arc.sessions)
+        for entry, path in zip(arc.sessions, paths, strict=True):
+            assert same_capture(load_capture(path), arc.restore(entry))
+    out = decompress(tmp_path / "x.skv", tmp_path / "dec", model=tiny_lm)
+    for original, restored in zip(paths, out, strict=True):
+        assert same_capture(load_capture(original), load_capture(restored))
+    # the K/V itself is not stored: the file is tiny next to the captured K/V
+    assert res.file_bytes < res.input_kv_bytes / 50
+
+
+def test_seq_costs_about_the_surprisal(caps, tiny_lm, tmp_path):
+    paths, _ = caps
+    compress_captures(paths[:1], tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    cap = load_capture(paths[0])
+    with Archive(tmp_path / "x.skv", model=tiny_lm) as arc:
+        entry = arc.sessions[0]
+        token_bytes = arc.reader.sections[0].length
+    ideal = float(cap.surprisal.sum()) + 8.0  # + first token, uniform over 258 symbols
+    assert abs(entry["token_bits_ideal"] - ideal) < 0.01 * ideal
+    assert token_bytes * 8 <= entry["token_bits_ideal"] + 8 * 40  # header + chunk table
+
+
+def test_non_canonical_capture_needs_and_gets_a_lossless_residual(caps, tiny_lm, tmp_path):
+    _, plain = caps
+    res = compress_captures([plain], tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    assert res.part_bytes.get("residual", 0) > 0
+    [restored] = decompress(tmp_path / "x.skv", tmp_path / "dec", model=tiny_lm)
+    assert same_capture(load_capture(plain), load_capture(restored))
+    with pytest.raises(SeqkvError, match="do not reproduce its own K/V"):
+        compress_captures(
+            [plain], tmp_path / "y.skv", codec={"id": "seq", "residual": "none"}, model=tiny_lm
+        )
+    assert not (tmp_path / "y.skv").exists()
+
+
+def test_wrong_model_is_refused_naming_both_fingerprints(caps, tiny_lm, tmp_path):
+    paths, _ = caps
+    compress_captures(paths[:1], tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    other = build_tiny_model(tmp_path / "other", seed=7)
+    result = invoke("decompress", tmp_path / "x.skv", "-o", tmp_path / "dec", "--model", other)
+    assert result.exit_code == 2
+    assert "fingerprint " + tiny_lm.fingerprint[:16] in result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "dec").exists() or not list((tmp_path / "dec").iterdir())
+    result = invoke(
+        "compress", paths[0], "-o", tmp_path / "y.skv", "--codec", "seq", "--model", other
+    )
+    assert result.exit_code == 2 and "different model" in result.stderr
+
+
+def test_corrupt_token_chunk_is_named_and_other_sessions_decode(caps, tiny_lm, tmp_path):
+    from seqkv_cli.container import open_container, write_container
+
+    paths, _ = caps
+    compress_captures(paths, tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    with open_container(tmp_path / "x.skv") as reader:
+        header = reader.header
+        sections = {e.name: bytearray(reader.read_section(e.name)) for e in reader.sections}
+    sections["s0/tokens.seq"][-3] ^= 0x40  # damage the payload; the container CRC is rewritten
+    write_container(tmp_path / "bad.skv", header, [(k, bytes(v)) for k, v in sections.items()])
+    result = invoke(
+        "decompress", tmp_path / "bad.skv", "-o", tmp_path / "d1", "--model", tiny_lm.folder
+    )
+    assert result.exit_code == 2 and "token chunk 0" in result.stderr, result.stderr
+    result = invoke(
+        "decompress",
+        tmp_path / "bad.skv",
+        "-o",
+        tmp_path / "d2",
+        "--model",
+        tiny_lm.folder,
+        "--session",
+        "b",
+    )
+    assert result.exit_code == 0, result.output
+    assert same_capture(load_capture(paths[1]), load_capture(tmp_path / "d2" / "b.safetensors"))
+
+
+@pytest.mark.model
+def test_embedded_model_seq_round_trip_is_exact_and_near_log2_ppl(embedded_lm, tmp_path):
+    [res] = capture(
+        [str(SAMPLE_DATA / "prose.txt")], model=embedded_lm, out=tmp_path, max_tokens=300
+    )
+    out = compress_captures(
+        [res.path], tmp_path / "p.skv", codec="seq", model=embedded_lm, check=False
+    )
+    assert "residual" not in out.part_bytes
+    with Archive(tmp_path / "p.skv", model=embedded_lm) as arc:
+        restored = arc.restore(arc.sessions[0])
+        token_bits = arc.reader.sections[0].length * 8
+    assert same_capture(res.capture, restored)
+    n = res.capture.positions
+    bound = 1.02 * float(res.capture.surprisal.sum()) + 15.6  # first token: log2 49152
+    assert token_bits <= bound + 8 * 40, (token_bits / n, res.capture.log2_ppl)
