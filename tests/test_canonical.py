@@ -103,3 +103,21 @@ def test_embedded_model_bit_identical_prefill_chunked_stepwise(embedded_lm):
     doc = read_inputs([str(SAMPLE_DATA / "prose.txt")])[0]
     ids = torch.tensor(tokenize(embedded_lm, doc)[: KEY_BLOCK + 44])  # 300 positions
     assert_same_everywhere(lm, ids, seed=3)
+
+
+def test_rows_of_several_sequences_match_stepping_each_alone(tiny_lm):
+    lm = CanonicalLM(tiny_lm.model)
+    gen = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, lm.vocab_size, (n,), generator=gen) for n in (300, 40, 9)]
+    alone = [run_chunks(lm, s, [len(s)]) for s in seqs]
+    states = [lm.new_state(len(s)) for s in seqs]
+    logits = [[] for _ in seqs]
+    for i in range(max(len(s) for s in seqs)):
+        live = [j for j, s in enumerate(seqs) if i < len(s)]  # sequences end at different steps
+        out = lm.forward_rows([states[j] for j in live], [int(seqs[j][i]) for j in live])
+        for row, j in enumerate(live):
+            logits[j].append(out[row])
+    for j, (ref_logits, ref_state) in enumerate(alone):
+        assert torch.equal(torch.stack(logits[j]), ref_logits)
+        assert torch.equal(states[j].keys, ref_state.keys)
+        assert torch.equal(states[j].values, ref_state.values)

@@ -94,8 +94,9 @@ def verify_command(
         for col in ("session", "exact", "max abs err", "rel L2 err", "attention err"):
             table.add_column(col, justify="left" if col == "session" else "right")
         inexact = []
-        for entry in arc.sessions:
-            restored = arc.restore(entry)
+        for entry, restored in arc.restore_many(arc.sessions):
+            if isinstance(restored, Exception):
+                raise restored
             original = originals.get(entry["id"])
             if original is None:
                 table.add_row(entry["id"], "-", "-", "-", "-")

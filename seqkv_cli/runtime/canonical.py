@@ -150,40 +150,68 @@ class CanonicalLM:
     @torch.inference_mode()
     def forward(self, state: KVState, token_ids: torch.Tensor) -> torch.Tensor:
         """Append `token_ids` (M,) to `state`; return their next-token logits (M, vocab), fp32."""
-        m = int(token_ids.shape[0])
-        p0 = state.length
-        if m == 0:
+        if int(token_ids.shape[0]) == 0:
             return torch.empty((0, self.vocab_size))
-        if p0 + m > state.capacity:
-            raise SeqkvError(f"sequence longer than the state's capacity ({state.capacity})")
-        m_pad = _round_up(m, ROW_BLOCK)
-        # Padding rows repeat the last token at the last position; they are computed and dropped.
-        rows = torch.arange(m_pad).clamp_(max=m - 1)
-        ids = token_ids.long()[rows]
-        pos = p0 + rows
+        return self._run([(state, token_ids.long())])
+
+    @torch.inference_mode()
+    def forward_rows(self, states: list[KVState], token_ids: list[int]) -> torch.Tensor:
+        """Append one token to each of several sequences in one pass; logits (B, vocab).
+
+        The sequences share the weight products (rows of one product) and keep their own
+        attention, so each gets the same bits as if it were stepped alone.
+        """
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("each sequence may appear once per forward_rows call")
+        return self._run([(s, torch.tensor([t])) for s, t in zip(states, token_ids, strict=True)])
+
+    def _run(self, segments: list[tuple[KVState, torch.Tensor]]) -> torch.Tensor:
+        for state, ids in segments:
+            if state.length + len(ids) > state.capacity:
+                raise SeqkvError(f"sequence longer than the state's capacity ({state.capacity})")
+        total = sum(len(ids) for _, ids in segments)
+        t_pad = _round_up(total, ROW_BLOCK)
+        # Padding rows repeat the last row; they are computed and dropped.
+        rows = torch.arange(t_pad).clamp_(max=total - 1)
+        ids = torch.cat([ids for _, ids in segments])[rows]
+        pos = torch.cat([s.length + torch.arange(len(i)) for s, i in segments])[rows]
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
-        n_blocks = -(-(p0 + m) // KEY_BLOCK)
-        n_keys = n_blocks * KEY_BLOCK
-        groups = self.num_heads // self.num_kv_heads
-        row_pos = pos.repeat(groups)  # rows of the grouped query matrix, see _attention
-        masked = torch.arange(n_keys)[None, :] > row_pos[:, None]
+        plans, start = [], 0
+        for state, seg in segments:
+            plans.append(self._plan(state, start, len(seg)))
+            start += len(seg)
         h = self.embed[ids]
         for li, layer in enumerate(self.layers):
             x = self._rms(h, layer.ln1)
-            q = F.linear(x, layer.wq, layer.bq).view(m_pad, self.num_heads, self.head_dim)
-            k = F.linear(x, layer.wk, layer.bk).view(m_pad, self.num_kv_heads, self.head_dim)
-            v = F.linear(x, layer.wv, layer.bv).view(m_pad, self.num_kv_heads, self.head_dim)
+            q = F.linear(x, layer.wq, layer.bq).view(t_pad, self.num_heads, self.head_dim)
+            k = F.linear(x, layer.wk, layer.bk).view(t_pad, self.num_kv_heads, self.head_dim)
+            v = F.linear(x, layer.wv, layer.bv).view(t_pad, self.num_kv_heads, self.head_dim)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            state.keys[li, :, p0 : p0 + m] = k[:m].transpose(0, 1)
-            state.values[li, :, p0 : p0 + m, :-1] = v[:m].transpose(0, 1)
-            attn = self._attention(state, li, q, masked, n_blocks)
+            attn = torch.empty((t_pad, self.num_heads * self.head_dim))
+            for state, first, m, local, masked, n_blocks in plans:
+                p0 = state.length
+                state.keys[li, :, p0 : p0 + m] = k[first : first + m].transpose(0, 1)
+                state.values[li, :, p0 : p0 + m, :-1] = v[first : first + m].transpose(0, 1)
+                attn[first : first + m] = self._attention(state, li, q[local], masked, n_blocks)[:m]
+            attn[total:] = attn[total - 1]
             h = h + F.linear(attn, layer.wo)
             x = self._rms(h, layer.ln2)
             h = h + F.linear(
                 F.silu(F.linear(x, layer.w_gate)) * F.linear(x, layer.w_up), layer.w_down
             )
-        state.length = p0 + m
-        return F.linear(self._rms(h, self.norm), self.lm_head)[:m]
+        for state, ids_ in segments:
+            state.length += len(ids_)
+        return F.linear(self._rms(h, self.norm), self.lm_head)[:total]
+
+    def _plan(self, state: KVState, first: int, m: int):
+        """A segment's attention rows: its own rows padded to a row block, and its key mask."""
+        m_pad = _round_up(m, ROW_BLOCK)
+        offsets = torch.arange(m_pad).clamp_(max=m - 1)
+        n_blocks = -(-(state.length + m) // KEY_BLOCK)
+        groups = self.num_heads // self.num_kv_heads
+        row_pos = (state.length + offsets).repeat(groups)  # rows of the grouped query matrix
+        masked = torch.arange(n_blocks * KEY_BLOCK)[None, :] > row_pos[:, None]
+        return state, first, m, first + offsets, masked, n_blocks
 
     def _attention(self, state, li, q, masked, n_blocks) -> torch.Tensor:
         m_pad, hd, kvh = q.shape[0], self.head_dim, self.num_kv_heads

@@ -78,9 +78,11 @@ class SessionCodec:
 
     # -- to be provided by subclasses -------------------------------------------------------
     def encode_tokens(self, tokens: np.ndarray, adapter: CanonicalLogits) -> tuple[bytes, float]:
+        """The token stream and its ideal cost in bits; feeds `adapter` along the way."""
         raise NotImplementedError
 
-    def decode_tokens(self, data: bytes, adapter: CanonicalLogits) -> np.ndarray:
+    def decode_tokens_many(self, datas: list[bytes], adapter: CanonicalLogits) -> list:
+        """Per stream: (tokens or the error that stopped it, the Track it fed or None)."""
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------------
@@ -88,14 +90,14 @@ class SessionCodec:
         adapter = CanonicalLogits(canon)
         tokens = cap.tokens.numpy().astype(np.int64)
         data, ideal = self.encode_tokens(tokens, adapter)
-        adapter.finish(tokens)
+        track = adapter.finish(adapter.tracks[-1] if adapter.tracks else None, tokens)
         out = EncodedSession({"tokens.seq": data}, ideal)
         dtype = DTYPES[cap.meta["dtype"]]
-        keys, values = adapter.kv(dtype)
+        keys, values = track.kv(canon.num_layers, dtype)
         for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
             for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
                 self._residual(out, f"layers.{layer}.{kind}", _bits(a), _bits(b), cap)
-        if not torch.equal(adapter.surprisal, cap.surprisal.double()):
+        if not torch.equal(track.surprisal, cap.surprisal.double()):
             # Not expected for canonical captures; kept explicit so restore stays exact.
             out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
             out.notes.append("surprisal differs from recomputation; stored explicitly")
@@ -116,18 +118,38 @@ class SessionCodec:
         out.residual_bytes += len(data)
 
     def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
-        from seqkv_codecs.residual import apply_residual
+        [result] = self.decode_many([entry], [read], canon)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def decode_many(self, entries: list[dict], reads: list, canon) -> list:
+        """Captures (or the error of each session that failed), decoded together."""
+        from seqkv_codecs.errors import CodecError
 
         adapter = CanonicalLogits(canon)
-        tokens = self.decode_tokens(read("tokens.seq"), adapter)
+        decoded = self.decode_tokens_many([read("tokens.seq") for read in reads], adapter)
+        results = []
+        for entry, read, (tokens, track) in zip(entries, reads, decoded, strict=True):
+            try:
+                if isinstance(tokens, Exception):
+                    raise tokens
+                results.append(self._restore(entry, read, tokens, track, adapter))
+            except (SeqkvError, CodecError) as exc:
+                results.append(exc)
+        return results
+
+    def _restore(self, entry, read, tokens, track, adapter) -> Capture:
+        from seqkv_codecs.residual import apply_residual
+
         if len(tokens) != entry["positions"]:
             raise SeqkvError(
                 f"session {entry['id']}: token stream holds {len(tokens)} tokens, "
                 f"header says {entry['positions']}"
             )
-        adapter.finish(tokens)
+        track = adapter.finish(track, tokens)
         dtype = DTYPES[entry["dtype"]]
-        keys, values = adapter.kv(dtype)
+        keys, values = track.kv(adapter.canon.num_layers, dtype)
         for kind, tensors in (("key", keys), ("value", values)):
             for layer, t in enumerate(tensors):
                 data = read(f"residual.layers.{layer}.{kind}")
@@ -137,7 +159,7 @@ class SessionCodec:
         surprisal = (
             torch.from_numpy(np.frombuffer(stored, "<f8").copy())
             if stored is not None
-            else adapter.surprisal
+            else track.surprisal
         )
         meta = dict(entry.get("capture_meta", {}))
         meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
@@ -159,10 +181,10 @@ class SeqCodec(SessionCodec):
         )
         return data, stats.ideal_bits
 
-    def decode_tokens(self, data, adapter):
-        from seqkv_codecs.sequential import decode_tokens
+    def decode_tokens_many(self, datas, adapter):
+        from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
 
-        return decode_tokens(data, adapter)
+        return decode_tokens_batch(datas, adapter, with_states=True)
 
 
 class SeqFastCodec(SessionCodec):
@@ -176,21 +198,33 @@ class SeqFastCodec(SessionCodec):
         from seqkv_codecs.entropy import encode_symbols
 
         data = encode_symbols(tokens, adapter.vocab_size)
-        adapter.start(len(tokens))
-        for s in range(0, len(tokens), 256):  # prefill: K/V and surprisal, as a decoder gets them
-            adapter.feed(adapter.state, tokens[s : s + 256])
+        self._prefill(tokens, adapter)
         counts = np.bincount(tokens, minlength=adapter.vocab_size)
         p = counts[counts > 0] / max(len(tokens), 1)
         return data, float(-(counts[counts > 0] * np.log2(p)).sum())
 
-    def decode_tokens(self, data, adapter):
+    def decode_tokens_many(self, datas, adapter):
         from seqkv_codecs.entropy import decode_symbols
+        from seqkv_codecs.errors import CodecError
 
-        tokens = decode_symbols(data, max_symbols=adapter.canon.max_context).astype(np.int64)
-        adapter.start(len(tokens))
+        out = []
+        for data in datas:
+            try:
+                tokens = decode_symbols(data, max_symbols=adapter.canon.max_context)
+            except CodecError as exc:
+                out.append((exc, None))
+                continue
+            tokens = tokens.astype(np.int64)
+            out.append((tokens, self._prefill(tokens, adapter)))
+        return out
+
+    @staticmethod
+    def _prefill(tokens: np.ndarray, adapter: CanonicalLogits):
+        """K/V and surprisal by chunked prefill, exactly as a decoder computes them."""
+        track = adapter.start(len(tokens))
         for s in range(0, len(tokens), 256):
-            adapter.feed(adapter.state, tokens[s : s + 256])
-        return tokens
+            adapter.feed(track, tokens[s : s + 256])
+        return track
 
 
 SESSION_CODECS = {c.codec_id: c for c in (SeqCodec, SeqFastCodec)}

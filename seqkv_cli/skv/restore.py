@@ -12,6 +12,8 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.skv.blocks import to_tensor
 from seqkv_cli.skv.layout import kv_part, section_name
 
+SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
+
 
 class Archive:
     """An open container plus its decoding pipeline; sessions decode one at a time."""
@@ -57,14 +59,6 @@ class Archive:
             self._canon = canon
         return self._canon
 
-    def _decode_session(self, entry: dict, read):
-        from seqkv_codecs.errors import CodecError
-
-        try:
-            return self.codec.decode(entry, read, self.canonical())
-        except CodecError as exc:
-            raise SeqkvError(f"{self.path}: session {entry['id']}: {exc}") from None
-
     def __enter__(self) -> Archive:
         return self
 
@@ -98,19 +92,45 @@ class Archive:
 
     def restore(self, entry: dict):
         """The session as a Capture (K/V decoded by the pipeline)."""
+        [(_, result)] = self.restore_many([entry])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def restore_many(self, entries: list[dict], batch: int = SESSION_BATCH):
+        """Yield (entry, Capture or the SeqkvError that stopped it), in order.
+
+        Model-backed sessions are decoded `batch` at a time in lockstep (one model pass per
+        position for all of them); a damaged session does not stop the others.
+        """
+        if not self.needs_model:
+            for entry in entries:
+                yield entry, self._restore_pervector(entry)
+            return
+        for start in range(0, len(entries), batch):
+            group = entries[start : start + batch]
+            reads = [self._reader_for(entry) for entry in group]
+            results = self.codec.decode_many(group, reads, self.canonical())
+            for entry, result in zip(group, results, strict=True):
+                if isinstance(result, Exception):  # name the file and session
+                    result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
+                yield entry, result
+
+    def _reader_for(self, entry: dict):
+        i, owned = entry["index"], set(entry["sections"])
+        if section_name(i, "tokens.seq") not in owned:
+            raise SeqkvError(f"{self.path}: session {entry['id']} has no token stream")
+
+        def read(part: str) -> bytes | None:
+            name = section_name(i, part)
+            return self.reader.read_section(name) if name in owned else None
+
+        return read
+
+    def _restore_pervector(self, entry: dict):
         from seqkv_cli.kvcapture.capture_file import Capture
 
         i = entry["index"]
-        if self.needs_model:
-            owned = set(entry["sections"])
-
-            def read(part: str) -> bytes | None:
-                name = section_name(i, part)
-                return self.reader.read_section(name) if name in owned else None
-
-            if section_name(i, "tokens.seq") not in owned:
-                raise SeqkvError(f"{self.path}: session {entry['id']} has no token stream")
-            return self._decode_session(entry, read)
         tokens = np.frombuffer(self.reader.read_section(section_name(i, "tokens")), "<u4")
         surprisal = np.frombuffer(self.reader.read_section(section_name(i, "surprisal")), "<f8")
         n = entry["positions"]
@@ -160,9 +180,11 @@ def decompress(
     with Archive(path, model=model) as archive:
         entries = [archive.session(s) for s in session_ids] if session_ids else archive.sessions
         try:
-            for entry in entries:
+            for entry, restored in archive.restore_many(entries):
+                if isinstance(restored, Exception):
+                    raise restored
                 target = out_dir / f"{_safe(entry['id'])}.safetensors"
-                save_capture(archive.restore(entry), target)
+                save_capture(restored, target)
                 written.append(target)
                 if on_session:
                     on_session(entry, target)

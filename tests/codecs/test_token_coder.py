@@ -246,3 +246,33 @@ def test_round_trip_canonical_lm(canonical):
     assert stats.n_chunks == 2
     assert stats.payload_bytes <= stats.ideal_bits / 8 + 2 * stats.n_chunks
     assert data == encode_tokens(tokens, canonical, feed_chunk=37)  # prefill chunking
+
+
+class RowsFakeLM(FakeLM):
+    """The fake model with a batched entry point, as the canonical adapter has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.row_calls = 0
+
+    def feed_rows(self, states: list, token_ids: np.ndarray) -> np.ndarray:
+        self.row_calls += 1
+        return np.concatenate([self.feed(s, token_ids[i : i + 1]) for i, s in enumerate(states)])
+
+
+def test_batch_decode_matches_single_decode_and_isolates_damage():
+    from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
+
+    model = FakeLM()
+    tokens = [random_tokens(n, seed=n) for n in (300, 1, 0, 77, 513)]
+    streams = [encode_tokens(t, model, chunk_size=128) for t in tokens]
+    damaged = bytearray(streams[3])
+    damaged[-2] ^= 0x21
+    rows = RowsFakeLM()
+    results = decode_tokens_batch([*streams[:3], bytes(damaged), streams[4]], rows)
+    for k in (0, 1, 2, 4):
+        assert np.array_equal(results[k], tokens[k])
+    assert isinstance(results[3], CorruptStreamError) and "token chunk 0" in str(results[3])
+    assert rows.row_calls == 512  # one batched pass per position after the first
+    plain = decode_tokens_batch(streams, FakeLM())  # no feed_rows: fed one by one
+    assert all(np.array_equal(a, b) for a, b in zip(plain, tokens, strict=True))

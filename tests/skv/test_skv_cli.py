@@ -167,3 +167,29 @@ def test_container_header_describes_itself(captures, tmp_path):
     assert session["numeric_path"].startswith("canonical")
     assert len(header["model"]["fingerprint"]) == 64
     json.dumps(header)  # plain JSON all the way down
+
+
+@pytest.mark.model
+def test_every_codec_round_trips_embedded_model_captures_through_the_cli(embedded_lm, tmp_path):
+    from conftest import SAMPLE_DATA
+
+    one_chat = tmp_path / "one.jsonl"
+    one_chat.write_text((SAMPLE_DATA / "chats.jsonl").read_text().splitlines()[0] + "\n")
+    [res] = capture([str(one_chat)], model=embedded_lm, out=tmp_path, max_tokens=96)
+    original = load_capture(res.path)
+    for codec in ("raw", "lossless", *LOSSY_REL_L2, "seq-fast"):
+        skv = tmp_path / f"{codec}.skv"
+        result = invoke("compress", res.path, "-o", skv, "--codec", codec)
+        assert result.exit_code == 0, (codec, result.output)
+        result = invoke("decompress", skv, "-o", tmp_path / codec)
+        assert result.exit_code == 0, (codec, result.output)
+        restored = load_capture(tmp_path / codec / res.path.name)
+        assert torch.equal(restored.tokens, original.tokens)
+        for x, y in zip(
+            original.keys + original.values, restored.keys + restored.values, strict=True
+        ):
+            if codec in LOSSY_REL_L2:
+                rel = float((x.float() - y.float()).norm() / x.float().norm())
+                assert rel <= LOSSY_REL_L2[codec], (codec, rel)
+            else:
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), codec

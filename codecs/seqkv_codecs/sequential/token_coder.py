@@ -219,38 +219,9 @@ def _decode_one(dec: RangeDecoder, row: np.ndarray, precision_bits: int) -> int:
 
 def decode_tokens(data: bytes, model: LogitsModel) -> np.ndarray:
     """Decode a stream from :func:`encode_tokens` with the same model; int64 ids (N,)."""
-    info, chunks = _parse(data)
-    if model.vocab_size != info.vocab_size:
-        raise CodecError(
-            f"the token stream was coded with a {info.vocab_size}-token vocabulary; "
-            f"this model has {model.vocab_size}: use the model that encoded it"
-        )
-    p, n = info.precision_bits, info.n_tokens
-    out = np.zeros(n, dtype=np.int64)
-    state = model.start(n - 1) if n > 1 else None
-    for k, (a, b, payload, crc) in enumerate(chunks):
-        where = f"token chunk {k} (positions {a}..{b - 1})"
-        dec = RangeDecoder(payload)
-        try:
-            for i in range(a, b):
-                if i == 0:
-                    row = _uniform_row(info.vocab_size, p)
-                else:
-                    logits = feed_checked(model, state, out[i - 1 : i])
-                    row = frequencies_from_logits(logits[0], p)
-                out[i] = _decode_one(dec, row, p)
-        except CorruptStreamError as exc:
-            raise CorruptStreamError(
-                f"{where} could not be decoded ({exc}): the decoder's model or numerics "
-                "differ from the encoder's, or the stream is damaged"
-            ) from exc
-        if _token_crc(out[a:b]) != crc:
-            raise CorruptStreamError(
-                f"{where} failed its CRC: the decoder's model or numerics differ from the "
-                "encoder's (or the stream is damaged)"
-            )
-        try:
-            dec.finish_check()
-        except CorruptStreamError as exc:
-            raise CorruptStreamError(f"{where}: {exc}") from exc
-    return out
+    from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
+
+    [result] = decode_tokens_batch([data], model)
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -1,0 +1,121 @@
+"""Decoding several token streams in lockstep: one model pass per position for all of them.
+
+A decoder must feed token i before it can decode token i + 1, so one session costs one model
+step per token. Independent sessions do not wait for each other: stepping them as rows of one
+pass (``feed_rows``) amortises the weight reads that dominate a step. A model without
+``feed_rows`` is fed session by session, which gives the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.sequential.logits_model import LogitsModel, feed_checked
+from seqkv_codecs.sequential.probability import frequencies_from_logits
+from seqkv_codecs.sequential.rangecoder import RangeDecoder
+
+
+@dataclass
+class _Cursor:
+    """Where one session's decoder stands."""
+
+    chunks: list
+    out: np.ndarray
+    state: object
+    pos: int = 0
+    chunk: int = -1
+    dec: RangeDecoder | None = None
+    error: CorruptStreamError | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.error is None and self.pos < len(self.out)
+
+
+def decode_tokens_batch(
+    datas: list[bytes], model: LogitsModel, *, with_states: bool = False
+) -> list:
+    """Decode each stream; a damaged one yields its error in place, the others still decode.
+
+    With `with_states`, each result is a pair (tokens or error, the model state the decoder
+    fed, or None for streams of fewer than two tokens), so a caller can read what the model
+    computed on the way (seqkv reads the K/V cache from it).
+    """
+    from seqkv_codecs.sequential.token_coder import _parse, _uniform_row
+
+    cursors: list[_Cursor | Exception] = []
+    precision = {}
+    for k, data in enumerate(datas):
+        try:
+            info, chunks = _parse(data)
+        except CorruptStreamError as exc:
+            cursors.append(exc)
+            continue
+        if model.vocab_size != info.vocab_size:
+            raise CodecError(
+                f"the token stream was coded with a {info.vocab_size}-token vocabulary; "
+                f"this model has {model.vocab_size}: use the model that encoded it"
+            )
+        n = info.n_tokens
+        state = model.start(n - 1) if n > 1 else None
+        cursors.append(_Cursor(chunks, np.zeros(n, dtype=np.int64), state))
+        precision[k] = info.precision_bits
+    for k, c in enumerate(cursors):
+        if isinstance(c, _Cursor) and c.live:
+            _step(c, _uniform_row(model.vocab_size, precision[k]), precision[k])
+    while True:
+        live = [k for k, c in enumerate(cursors) if isinstance(c, _Cursor) and c.live]
+        if not live:
+            break
+        logits = _feed(model, [cursors[k] for k in live])
+        for row, k in enumerate(live):
+            p = precision[k]
+            _step(cursors[k], frequencies_from_logits(logits[row], p), p)
+    results = [c if isinstance(c, Exception) else (c.error if c.error else c.out) for c in cursors]
+    if with_states:
+        states = [None if isinstance(c, Exception) else c.state for c in cursors]
+        return list(zip(results, states, strict=True))
+    return results
+
+
+def _feed(model, cursors: list[_Cursor]) -> np.ndarray:
+    tokens = np.array([c.out[c.pos - 1] for c in cursors], dtype=np.int64)
+    feed_rows = getattr(model, "feed_rows", None)
+    if feed_rows is not None:
+        logits = np.asarray(feed_rows([c.state for c in cursors], tokens))
+        if logits.shape != (len(cursors), model.vocab_size):
+            raise CodecError(f"feed_rows returned logits of shape {logits.shape}")
+        return logits
+    rows = [feed_checked(model, c.state, tokens[i : i + 1]) for i, c in enumerate(cursors)]
+    return np.concatenate(rows)
+
+
+def _step(c: _Cursor, row: np.ndarray, precision: int) -> None:
+    """Decode position c.pos with frequency `row`, opening and closing chunks around it."""
+    from seqkv_codecs.sequential.token_coder import _decode_one, _token_crc
+
+    if c.dec is None:
+        c.chunk += 1
+        c.dec = RangeDecoder(c.chunks[c.chunk][2])
+    first, stop, _, crc = c.chunks[c.chunk]
+    where = f"token chunk {c.chunk} (positions {first}..{stop - 1})"
+    try:
+        c.out[c.pos] = _decode_one(c.dec, row, precision)
+        c.pos += 1
+        if c.pos == stop:
+            if _token_crc(c.out[first:stop]) != crc:
+                c.error = CorruptStreamError(
+                    f"{where} failed its CRC: the decoder's model or numerics differ from the "
+                    "encoder's (or the stream is damaged)"
+                )
+                return
+            c.dec.finish_check()
+            c.dec = None
+    except CorruptStreamError as exc:
+        c.error = CorruptStreamError(
+            f"{where} could not be decoded ({exc}): the decoder's model or numerics differ "
+            "from the encoder's, or the stream is damaged"
+        )

@@ -1,0 +1,198 @@
+"""`delta-topk`: the paper's Layer 2 — predictive delta coding of K/V (arXiv 2604.15356).
+
+Token ids are stored exactly as `seq` stores them. K/V of position i is predicted from the
+model's next-token distribution given the true prefix and only the residual is stored:
+
+* ``variant="topk"``: KV̂_i = Σ_k p_k · F(t_<i, k) over the K most likely next tokens
+  (probabilities renormalised over those K; ties broken by lower token id), where F is the
+  K/V position i would have with token k there (`branch.branch_kv`).
+* ``variant="linear"``: one "soft token" row whose input embedding is Σ_t P(t) · E(t) over the
+  whole vocabulary: KV̂_i = F(t_<i, E[P]).
+
+Position 0 has no distribution and is predicted as zero. The residual R = KV - KV̂ is
+quantized with b_i = clamp(round(base + slope · s_i), 0, max_bits) bits per component, s_i the
+surprisal of token i (s_0 = log2 V, the uniform first-token cost), by
+`seqkv_codecs.adaptive_quant`. The decoder decodes the tokens, recomputes KV̂ with the same
+fixed schedule (bit-identical) and adds R̂. Since the tokens alone already restore K/V exactly
+(`seq`), this costs `seq`'s bits plus the residual: it is measured, not expected, to win.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
+from seqkv_cli.sequential.session_codecs import EncodedSession, SessionCodec
+
+VARIANTS = ("topk", "linear")
+PREFILL_CHUNK = 256  # as `capture`: the same logits, so the same surprisal bits
+ROWS_PER_PASS = 256  # candidate rows per branch pass (rows are independent; this bounds memory)
+
+
+@dataclass
+class Prediction:
+    """KV̂ per layer (kv_heads, n, head_dim) fp32, and surprisal (n - 1,) of tokens 1..n-1."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    surprisal: torch.Tensor
+
+
+@torch.inference_mode()
+def predict_kv(canon, tokens: np.ndarray, *, k: int, variant: str) -> Prediction:
+    """KV̂ of every position of ``tokens`` from a canonical prefill plus what-if rows."""
+    from seqkv_cli.kvcapture.engine import surprisal_bits
+    from seqkv_cli.sequential.branch import branch_kv
+
+    ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    n, k = len(ids), min(k, canon.vocab_size)
+    state = canon.new_state(n)
+    per_row = 1 if variant == "linear" else k
+    inputs, weights, surprisal = [], [], []
+    for s in range(0, n, PREFILL_CHUNK):
+        logits = canon.forward(state, ids[s : s + PREFILL_CHUNK])
+        nxt = ids[s + 1 : s + 1 + PREFILL_CHUNK]
+        logits = logits[: len(nxt)]  # row j predicts position s + 1 + j
+        surprisal.append(surprisal_bits(logits, nxt))
+        if variant == "linear":
+            inputs.append(torch.softmax(logits, dim=-1) @ canon.embed)
+            weights.append(torch.ones((len(nxt), 1)))
+        else:
+            top, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+            inputs.append(order[:, :k].reshape(-1))  # token ids; embedded per pass
+            weights.append(torch.softmax(top[:, :k].double(), dim=-1).float())
+    shape = (canon.num_layers, canon.num_kv_heads, n, canon.head_dim)
+    keys, values = torch.zeros(shape), torch.zeros(shape)
+    inputs, probs = torch.cat(inputs), torch.cat(weights)
+    step = max(1, ROWS_PER_PASS // per_row)
+    for a in range(1, n, step):
+        b = min(a + step, n)
+        span = slice((a - 1) * per_row, (b - 1) * per_row)
+        x = inputs[span] if variant == "linear" else canon.embed[inputs[span]]
+        fk, fv = branch_kv(canon, state, torch.arange(a, b).repeat_interleave(per_row), x)
+        for out, f in ((keys, fk), (values, fv)):
+            f = f.view(canon.num_layers, b - a, per_row, canon.num_kv_heads, canon.head_dim)
+            p = probs[a - 1 : b - 1]
+            acc = p[None, :, 0, None, None] * f[:, :, 0]
+            for j in range(1, per_row):  # fixed order: the same bits on both sides
+                acc = acc + p[None, :, j, None, None] * f[:, :, j]
+            out[:, :, a:b] = acc.transpose(1, 2)
+    surp = torch.cat(surprisal) if surprisal else torch.zeros(0, dtype=torch.float64)
+    return Prediction(list(keys), list(values), surp)
+
+
+def _flatten(keys, values) -> torch.Tensor:
+    """Per-layer (kv_heads, n, hd) K and V -> (n, layers * 2 * kv_heads * hd) fp32."""
+    kv = torch.stack([torch.stack(list(keys)), torch.stack(list(values))], 1).float()
+    return kv.permute(3, 0, 1, 2, 4).reshape(kv.shape[3], -1)
+
+
+class DeltaTopKCodec(SessionCodec):
+    codec_id = "delta-topk"
+    description = (
+        "token ids as in seq + K/V predicted from the model's top-K next tokens (or one "
+        "expected-embedding row) + surprisal-adaptive quantized residual (lossy)"
+    )
+    lossless = False
+    typical_bits_per_component = None
+
+    def __init__(
+        self,
+        k: int = 20,
+        variant: str = "topk",
+        max_bits: int = 4,
+        base: float = 0.0,
+        slope: float = 1.0,
+        precision_bits: int = 24,
+        chunk_size: int = 1024,
+    ) -> None:
+        from seqkv_codecs.adaptive_quant import MAX_BITS
+
+        if variant not in VARIANTS:
+            raise SeqkvError(f"unknown delta-topk variant '{variant}'; use one of {VARIANTS}")
+        if not isinstance(k, int) or k < 1 or not isinstance(max_bits, int):
+            raise SeqkvError(f"delta-topk needs integers k >= 1 and max_bits, got {k}, {max_bits}")
+        if not 0 <= max_bits <= MAX_BITS or not math.isfinite(base + slope):
+            raise SeqkvError(f"delta-topk: max_bits must be in 0..{MAX_BITS}, base/slope finite")
+        self.k, self.variant, self.max_bits = k, variant, max_bits
+        self.base, self.slope = float(base), float(slope)
+        self.precision_bits, self.chunk_size = precision_bits, chunk_size
+
+    def get_config(self) -> dict:
+        keys = ("k", "variant", "max_bits", "base", "slope", "precision_bits", "chunk_size")
+        return {"id": self.codec_id, **{key: getattr(self, key) for key in keys}}
+
+    def _bits(self, surprisal: torch.Tensor, vocab: int) -> np.ndarray:
+        from seqkv_codecs.adaptive_quant import bits_from_surprisal
+
+        s = np.concatenate([[math.log2(vocab)], surprisal.numpy()])
+        return bits_from_surprisal(s, base=self.base, slope=self.slope, max_bits=self.max_bits)
+
+    def encode(self, cap: Capture, canon) -> EncodedSession:
+        from seqkv_cli.sequential.adapter import CanonicalLogits
+        from seqkv_codecs.adaptive_quant import quantize
+        from seqkv_codecs.sequential import encode_tokens_with_stats
+
+        shape = (canon.num_kv_heads, cap.positions, canon.head_dim)
+        if len(cap.keys) != canon.num_layers or any(t.shape != shape for t in cap.keys):
+            raise SeqkvError(f"capture {cap.session_id} does not match the model's K/V shapes")
+        tokens = cap.tokens.numpy().astype(np.int64)
+        data, stats = encode_tokens_with_stats(
+            tokens,
+            CanonicalLogits(canon),
+            precision_bits=self.precision_bits,
+            chunk_size=self.chunk_size,
+        )
+        pred = predict_kv(canon, tokens, k=self.k, variant=self.variant)
+        actual = _flatten(cap.keys, cap.values)
+        residual = actual - _flatten(pred.keys, pred.values)
+        bits = self._bits(pred.surprisal, canon.vocab_size)
+        delta = quantize(residual.numpy(), bits, canon.head_dim, self.max_bits)
+        rel = float(residual.norm() / actual.norm().clamp_min(1e-30))
+        out = EncodedSession({"tokens.seq": data, "delta": delta}, stats.ideal_bits, len(delta))
+        out.notes.append(
+            f"{self.variant} predictor (K={self.k}): relative L2 error {rel:.4f} before the "
+            f"residual; mean {bits.mean():.2f} bits/component, {int((bits == 0).sum())} of "
+            f"{len(bits)} positions with none"
+        )
+        if not torch.equal(pred.surprisal, cap.surprisal.double()):
+            out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
+            out.notes.append("surprisal differs from recomputation; stored explicitly")
+        return out
+
+    def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
+        from seqkv_cli.sequential.adapter import CanonicalLogits
+        from seqkv_codecs.adaptive_quant import dequantize
+        from seqkv_codecs.errors import CorruptStreamError
+        from seqkv_codecs.sequential import decode_tokens
+
+        token_data, delta, n = read("tokens.seq"), read("delta"), entry["positions"]
+        if token_data is None or delta is None:
+            raise SeqkvError(f"session {entry['id']}: the token or delta stream is missing")
+        tokens = decode_tokens(token_data, CanonicalLogits(canon))
+        if len(tokens) != n:
+            raise SeqkvError(f"session {entry['id']}: {len(tokens)} tokens, header says {n}")
+        pred = predict_kv(canon, tokens, k=self.k, variant=self.variant)
+        flat = _flatten(pred.keys, pred.values)
+        deq = dequantize(delta, max_positions=n)
+        if deq.values.shape != tuple(flat.shape):
+            raise CorruptStreamError(f"delta stream holds {deq.values.shape}, not {flat.shape}")
+        kv = (flat + torch.from_numpy(deq.values)).to(DTYPES[entry["dtype"]])
+        kv = kv.view(n, canon.num_layers, 2, canon.num_kv_heads, canon.head_dim)
+        kv = kv.permute(1, 2, 3, 0, 4).contiguous()
+        stored = read("surprisal")
+        surprisal = pred.surprisal
+        if stored is not None:
+            if len(stored) != 8 * max(n - 1, 0):
+                raise CorruptStreamError("stored surprisal has the wrong length")
+            surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
+        meta = dict(entry.get("capture_meta", {}))
+        meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
+        keys, values = [t.clone() for t in kv[:, 0]], [t.clone() for t in kv[:, 1]]
+        return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
