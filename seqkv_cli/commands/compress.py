@@ -10,6 +10,7 @@ from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes
 from seqkv_cli.commands.capture import ModelOption, token_progress
+from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
@@ -25,6 +26,13 @@ def compress_command(
             "'none' refuses captures that do not recompute exactly."
         ),
     ] = "lossless",
+    tolerance: Annotated[
+        float | None,
+        typer.Option(
+            help="seq/seq-fast: drop K/V residuals below EPS and quantize the rest "
+            "(max error <= EPS, verified); default: exact."
+        ),
+    ] = None,
     verify: Annotated[
         bool, typer.Option(help="Decode every block again before reporting success.")
     ] = True,
@@ -34,7 +42,16 @@ def compress_command(
     from seqkv_cli.sequential.session_codecs import SESSION_CODECS
     from seqkv_cli.skv.compress import compress_captures, resolve_codec
 
-    spec = {"id": codec, "residual": residual} if codec in SESSION_CODECS else codec
+    if tolerance is not None and tolerance <= 0:
+        raise SeqkvError(f"--tolerance must be > 0, got {tolerance}")
+    if codec in SESSION_CODECS:
+        spec = {"id": codec, "residual": residual}
+        if tolerance is not None:
+            spec["tolerance"] = tolerance
+    elif tolerance is not None:
+        raise SeqkvError(f"--tolerance applies to {', '.join(SESSION_CODECS)}, not {codec}")
+    else:
+        spec = codec
     resolve_codec(spec)  # refuse an unknown id before reading any capture
     total = sum(load_capture_meta(p)["positions"] for p in captures)
     with token_progress() as bar:

@@ -54,19 +54,31 @@ class SessionCodec:
     lossless = True
 
     def __init__(
-        self, precision_bits: int = 24, chunk_size: int = 1024, residual: str = "lossless"
+        self,
+        precision_bits: int = 24,
+        chunk_size: int = 1024,
+        residual: str = "lossless",
+        tolerance: float | None = None,
     ) -> None:
         if residual not in RESIDUAL_MODES:
             raise SeqkvError(f"unknown residual mode '{residual}'; use one of {RESIDUAL_MODES}")
+        if tolerance is not None and not (isinstance(tolerance, int | float) and tolerance > 0):
+            raise SeqkvError(f"--tolerance must be a number > 0, got {tolerance}")
         self.precision_bits, self.chunk_size, self.residual = precision_bits, chunk_size, residual
+        self.tolerance = None if tolerance is None else float(tolerance)
+        # With a tolerance, residuals below it are dropped: restore is within EPS, not exact.
+        self.lossless = self.tolerance is None
 
     def get_config(self) -> dict:
-        return {
+        config = {
             "id": self.codec_id,
             "precision_bits": self.precision_bits,
             "chunk_size": self.chunk_size,
             "residual": self.residual,
         }
+        if self.tolerance is not None:
+            config["tolerance"] = self.tolerance
+        return config
 
     @classmethod
     def from_config(cls, config: dict) -> SessionCodec:
@@ -113,7 +125,14 @@ class SessionCodec:
                 f"capture {cap.session_id}: its tokens do not reproduce its own K/V ({part} "
                 f"differs; numeric path {cap.meta.get('numeric_path')}); use --residual lossless"
             )
-        data = encode_residual(captured, recomputed)
+        if self.tolerance is not None:
+            from seqkv_codecs.tolerance import encode_tolerance, is_empty
+
+            data = encode_tolerance(captured, recomputed, cap.meta["dtype"], self.tolerance)
+            if is_empty(data):
+                return
+        else:
+            data = encode_residual(captured, recomputed)
         out.parts[f"residual.{part}"] = data
         out.residual_bytes += len(data)
 
@@ -141,6 +160,8 @@ class SessionCodec:
 
     def _restore(self, entry, read, tokens, track, adapter) -> Capture:
         from seqkv_codecs.residual import apply_residual
+        from seqkv_codecs.tolerance import MAGIC as TOLERANCE_MAGIC
+        from seqkv_codecs.tolerance import apply_tolerance
 
         if len(tokens) != entry["positions"]:
             raise SeqkvError(
@@ -153,8 +174,13 @@ class SessionCodec:
         for kind, tensors in (("key", keys), ("value", values)):
             for layer, t in enumerate(tensors):
                 data = read(f"residual.layers.{layer}.{kind}")
-                if data is not None:
-                    tensors[layer] = _from_bits(apply_residual(data, _bits(t)), dtype)
+                if data is None:
+                    continue
+                if data[:4] == TOLERANCE_MAGIC:
+                    bits = apply_tolerance(data, _bits(t), entry["dtype"])
+                else:
+                    bits = apply_residual(data, _bits(t))
+                tensors[layer] = _from_bits(bits, dtype)
         stored = read("surprisal")
         surprisal = (
             torch.from_numpy(np.frombuffer(stored, "<f8").copy())

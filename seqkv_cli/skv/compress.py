@@ -170,6 +170,7 @@ def _write_sequential(writer, index, cap, coder, canon, check, result):
             if coder.lossless
             else torch.equal(cap.tokens, restored.tokens)
             and [t.shape for t in cap.keys] == [t.shape for t in restored.keys]
+            and within_tolerance(cap, restored, getattr(coder, "tolerance", None))
         )
         if not ok:
             raise SeqkvError(
@@ -182,6 +183,14 @@ def _write_sequential(writer, index, cap, coder, canon, check, result):
         "notes": enc.notes,
     }
     return names, extra
+
+
+def within_tolerance(a, b, eps: float | None) -> bool:
+    """Every restored K/V element within `eps` of the original (True when no bound is set)."""
+    if eps is None:
+        return True
+    pairs = [*zip(a.keys, b.keys, strict=True), *zip(a.values, b.values, strict=True)]
+    return all(float((x.double() - y.double()).abs().max()) <= eps for x, y in pairs)
 
 
 def same_capture(a, b) -> bool:

@@ -133,3 +133,32 @@ def test_embedded_model_seq_round_trip_is_exact_and_near_log2_ppl(embedded_lm, t
     n = res.capture.positions
     bound = 1.02 * float(res.capture.surprisal.sum()) + 15.6  # first token: log2 49152
     assert token_bits <= bound + 8 * 40, (token_bits / n, res.capture.log2_ppl)
+
+
+def test_tolerance_mode_bounds_the_error_and_is_checked(caps, tiny_lm, tmp_path):
+    _, plain = caps
+    exact = compress_captures([plain], tmp_path / "e.skv", codec="seq", model=tiny_lm)
+    eps = 1e-3
+    res = compress_captures(
+        [plain], tmp_path / "t.skv", codec={"id": "seq", "tolerance": eps}, model=tiny_lm
+    )
+    assert res.part_bytes.get("residual", 0) < exact.part_bytes["residual"]
+    [restored] = decompress(tmp_path / "t.skv", tmp_path / "dec", model=tiny_lm)
+    a, b = load_capture(plain), load_capture(restored)
+    for x, y in zip(a.keys + a.values, b.keys + b.values, strict=True):
+        assert float((x.double() - y.double()).abs().max()) <= eps
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--tolerance", "0"], "--tolerance must be > 0"),
+        (["--tolerance", "-1"], "--tolerance must be > 0"),
+        (["--tolerance", "0.1", "--codec", "int8"], "--tolerance applies to seq"),
+    ],
+)
+def test_bad_tolerance_is_refused(caps, tmp_path, args, fragment):
+    paths, _ = caps
+    result = invoke("compress", paths[0], "-o", tmp_path / "x.skv", "--codec", "seq", *args)
+    assert result.exit_code == 2 and fragment in result.stderr, result.output
+    assert not (tmp_path / "x.skv").exists()
