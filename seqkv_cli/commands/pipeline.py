@@ -1,4 +1,4 @@
-"""`seqkv pipeline`: the main job on the embedded default, one command end to end."""
+"""`seqkv pipeline`: the main job, end to end: capture -> compress -> verify -> summary."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, say
 from seqkv_cli.commands.capture import ModelOption, token_progress
+from seqkv_cli.errors import SeqkvError
+
+VERIFY_CHOICES = ("all", "sample", "none")
 
 
 @handle_errors
@@ -18,48 +21,146 @@ def pipeline_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = Path("runs/latest"),
     model: ModelOption = None,
     dtype: Annotated[str, typer.Option(help="K/V dtype: bf16, fp16 or fp32.")] = "bf16",
+    baseline: Annotated[
+        str, typer.Option(help="Per-vector codec to compare with (`seqkv codecs`).")
+    ] = "turbo3",
+    verify: Annotated[
+        str,
+        typer.Option(
+            help="Decode and compare bit for bit: all sessions, a sample (the two "
+            "shortest; decoding steps the model per token), or none."
+        ),
+    ] = "sample",
 ) -> None:
-    """Capture every input with canonical numerics and summarise tokens, log2 PP and bytes."""
+    """Capture inputs, compress them with seq and a per-vector baseline, verify, summarise."""
     from seqkv_cli.kvcapture.api import capture_one, prepare_capture
+    from seqkv_cli.skv.compress import compress_captures, resolve_codec
 
+    if verify not in VERIFY_CHOICES:
+        raise SeqkvError(f"--verify must be one of {', '.join(VERIFY_CHOICES)}, not '{verify}'")
+    resolve_codec(baseline)
+    out = Path(out)
     lm, plan, targets = prepare_capture(
-        inputs, model=model, out=Path(out) / "captures", dtype=dtype, progress=say
+        inputs, model=model, out=out / "captures", dtype=dtype, progress=say
     )
-    table = Table(title=f"seqkv pipeline: {lm.name}, fingerprint {lm.fingerprint[:12]}")
-    for col in ("session", "tokens", "log2 PP", "KV bytes", "file bytes"):
-        table.add_column(col, justify="left" if col == "session" else "right")
-    total_tokens = total_bits = total_bytes = 0
+    captures = []
     with token_progress() as bar:
         task = bar.add_task("capturing", total=plan.total_tokens)
         for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True):
-            res = capture_one(
-                lm,
-                doc,
-                ids,
-                target,
-                dtype=dtype,
-                canonical=True,
-                on_progress=lambda n: bar.advance(task, n),
+            captures.append(
+                capture_one(
+                    lm,
+                    doc,
+                    ids,
+                    target,
+                    dtype=dtype,
+                    canonical=True,
+                    on_progress=lambda n: bar.advance(task, n),
+                )
             )
-            cap = res.capture
-            table.add_row(
-                doc.id,
-                f"{cap.positions:,}",
-                f"{cap.log2_ppl:.3f}",
-                human_bytes(cap.kv_bytes()),
-                human_bytes(res.bytes_written),
-            )
-            total_tokens += cap.positions
-            total_bits += float(cap.surprisal.sum())
-            total_bytes += res.bytes_written
-    scored = total_tokens - len(plan.documents)
+        task = bar.add_task("compressing (seq)", total=plan.total_tokens)
+        seq = compress_captures(
+            targets,
+            out / "seq.skv",
+            codec="seq",
+            model=lm,
+            check=False,
+            on_progress=lambda n: bar.advance(task, n),
+        )
+        task = bar.add_task(f"compressing ({baseline})", total=plan.total_tokens)
+        base = compress_captures(
+            targets,
+            out / f"{baseline}.skv",
+            codec=baseline,
+            on_progress=lambda n: bar.advance(task, n),
+        )
+    exact = _verify(out / "seq.skv", lm, captures, verify)
+    _summary(lm, captures, seq, base, baseline, exact)
+    console.print(f"run written to {out} (captures/, seq.skv, {baseline}.skv)")
+
+
+def _verify(path: Path, lm, captures, mode: str) -> dict[str, bool]:
+    """Decode the chosen sessions of the seq container and compare them with the captures."""
+    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.skv.restore import Archive
+
+    if mode == "none":
+        return {}
+    by_id = {c.capture.session_id: c.capture for c in captures}
+    with Archive(path, model=lm) as arc:
+        arc.reader.verify()
+        entries = sorted(arc.sessions, key=lambda e: e["positions"])
+        chosen = entries if mode == "all" else entries[:2]
+        say(f"verifying {len(chosen)} session(s) by decoding them")
+        result = {}
+        for entry, restored in arc.restore_many(chosen):
+            if isinstance(restored, Exception):
+                raise restored
+            result[entry["id"]] = same_capture(by_id[entry["id"]], restored)
+    bad = [k for k, ok in result.items() if not ok]
+    if bad:
+        raise SeqkvError(f"seq did not restore {', '.join(bad)} bit-exactly", exit_code=1)
+    return result
+
+
+def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> None:
+    from seqkv_cli.container import open_container
+
+    with open_container(seq.path) as reader:
+        sizes = {e.name: e.length for e in reader.sections}
+        entries = reader.header["sessions"]
+    fp16_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
+    table = Table(
+        title=f"seqkv pipeline: {lm.name} (fingerprint {lm.fingerprint[:12]}), "
+        f"bits per token position"
+    )
+    for col in (
+        "session",
+        "tokens",
+        "log2 PP",
+        "seq",
+        "residual",
+        f"{baseline}",
+        "fp16",
+        "seq vs fp16",
+        "bit-exact",
+    ):
+        table.add_column(col, justify="left" if col == "session" else "right")
+    base_per_pos = base.part_bytes["kv"] * 8 / base.positions
+    for cap, entry in zip(captures, entries, strict=True):
+        c, i = cap.capture, entry["index"]
+        own = sum(v for k, v in sizes.items() if k.startswith(f"s{i}/"))
+        residual = sum(v for k, v in sizes.items() if k.startswith(f"s{i}/residual."))
+        bits = own * 8 / c.positions
+        table.add_row(
+            c.session_id,
+            f"{c.positions:,}",
+            f"{c.log2_ppl:.3f}",
+            f"{bits:.3f}",
+            human_bytes(residual),
+            f"{base_per_pos:,.0f}",
+            f"{fp16_bits:,}",
+            f"{fp16_bits / bits:,.0f}x",
+            {True: "yes", False: "NO"}.get(exact.get(c.session_id), "-"),
+        )
     table.add_section()
+    total_pos = seq.positions
+    log2_ppl = sum(float(c.capture.surprisal.sum()) for c in captures) / max(
+        total_pos - len(captures), 1
+    )
     table.add_row(
-        "all",
-        f"{total_tokens:,}",
-        f"{total_bits / max(scored, 1):.3f}",
+        "all (file)",
+        f"{total_pos:,}",
+        f"{log2_ppl:.3f}",
+        f"{seq.file_bytes * 8 / total_pos:.3f}",
         "",
-        human_bytes(total_bytes),
+        f"{base_per_pos:,.0f}",
+        f"{fp16_bits:,}",
+        f"{fp16_bits * total_pos / (seq.file_bytes * 8):,.0f}x",
+        "",
     )
     console.print(table)
-    console.print(f"captures written to {Path(out) / 'captures'}")
+    console.print(
+        f"seq.skv {human_bytes(seq.file_bytes)}; {baseline}.skv "
+        f"{human_bytes(base.file_bytes)}; captured K/V {human_bytes(seq.input_kv_bytes)}"
+    )
