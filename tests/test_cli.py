@@ -144,8 +144,15 @@ def test_model_info_shows_the_embedded_model(embedded_lm):
 
 
 @pytest.mark.model
-def test_pipeline_summarises_sample_data(embedded_lm, tmp_path):
-    result = invoke("pipeline", str(SAMPLE_DATA / "prose.txt"), "-o", str(tmp_path / "run"))
+def test_pipeline_captures_compresses_verifies_and_summarises(embedded_lm, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text((SAMPLE_DATA / "prose.txt").read_text()[:400])
+    result = invoke("pipeline", str(short), "-o", str(tmp_path / "run"), "--baseline", "int8")
     assert result.exit_code == 0, result.output
-    assert "prose" in result.stdout and "1,298" in result.stdout
-    assert (tmp_path / "run" / "captures" / "prose.safetensors").exists()
+    out = result.stdout
+    assert "short" in out and "log2 PP" in out and "int8" in out and "yes" in out
+    run = tmp_path / "run"
+    assert (run / "captures" / "short.safetensors").exists()
+    assert (run / "seq.skv").exists() and (run / "int8.skv").exists()
+    result = invoke("pipeline", str(short), "-o", str(tmp_path / "r2"), "--verify", "maybe")
+    assert_one_line_error(result, "--verify must be one of all, sample, none")
