@@ -17,7 +17,7 @@ from seqkv_cli.errors import SeqkvError
 def compress_command(
     captures: Annotated[list[Path], typer.Argument(help="Capture files (.safetensors).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The .skv file to write.")],
-    codec: Annotated[str, typer.Option(help="Codec id; `seqkv codecs` lists them.")] = "lossless",
+    codec: Annotated[str, typer.Option(help="Codec id; `seqkv codecs` lists them.")] = "seq",
     model: ModelOption = None,
     residual: Annotated[
         str,

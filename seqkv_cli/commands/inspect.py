@@ -40,7 +40,7 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
                 f"{s['positions']:,}",
                 s["dtype"],
                 human_bytes(s["bytes"]),
-                f"{s['bits_per_position']:,.1f}",
+                _bits(s["bits_per_position"]),
                 "-" if ppl is None else f"{ppl:.3f}",
             )
         console.print(table)
@@ -57,10 +57,19 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
         parts.add_section()
         parts.add_row("total", human_bytes(acc.file_bytes), f"{acc.bits_per_position:,.2f}", "100%")
         console.print(parts)
+        if acc.log2_ppl is not None:
+            console.print(
+                f"mean surprisal of the same tokens (log2 PP): {acc.log2_ppl:.3f} "
+                f"bits; file / log2 PP: {acc.bits_per_position / acc.log2_ppl:.3f}"
+            )
         console.print(
             f"vs fp16 K/V ({acc.fp16_bits_per_position:,} bits/position): "
             f"{acc.fp16_bits_per_position / max(acc.bits_per_position, 1e-9):.2f}x"
         )
+
+
+def _bits(x: float) -> str:
+    return f"{x:,.3f}" if x < 100 else f"{x:,.1f}"
 
 
 @handle_errors

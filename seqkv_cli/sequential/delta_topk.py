@@ -87,7 +87,7 @@ def predict_kv(canon, tokens: np.ndarray, *, k: int, variant: str) -> Prediction
     return Prediction(list(keys), list(values), surp)
 
 
-def _flatten(keys, values) -> torch.Tensor:
+def flatten_kv(keys, values) -> torch.Tensor:
     """Per-layer (kv_heads, n, hd) K and V -> (n, layers * 2 * kv_heads * hd) fp32."""
     kv = torch.stack([torch.stack(list(keys)), torch.stack(list(values))], 1).float()
     return kv.permute(3, 0, 1, 2, 4).reshape(kv.shape[3], -1)
@@ -107,7 +107,7 @@ class DeltaTopKCodec(SessionCodec):
         k: int = 20,
         variant: str = "topk",
         max_bits: int = 4,
-        base: float = 0.0,
+        base: float = 2.0,
         slope: float = 1.0,
         precision_bits: int = 24,
         chunk_size: int = 1024,
@@ -150,8 +150,8 @@ class DeltaTopKCodec(SessionCodec):
             chunk_size=self.chunk_size,
         )
         pred = predict_kv(canon, tokens, k=self.k, variant=self.variant)
-        actual = _flatten(cap.keys, cap.values)
-        residual = actual - _flatten(pred.keys, pred.values)
+        actual = flatten_kv(cap.keys, cap.values)
+        residual = actual - flatten_kv(pred.keys, pred.values)
         bits = self._bits(pred.surprisal, canon.vocab_size)
         delta = quantize(residual.numpy(), bits, canon.head_dim, self.max_bits)
         rel = float(residual.norm() / actual.norm().clamp_min(1e-30))
@@ -175,12 +175,12 @@ class DeltaTopKCodec(SessionCodec):
         token_data, delta, n = read("tokens.seq"), read("delta"), entry["positions"]
         if token_data is None or delta is None:
             raise SeqkvError(f"session {entry['id']}: the token or delta stream is missing")
+        deq = dequantize(delta, max_positions=n)  # before any model work: fail fast
         tokens = decode_tokens(token_data, CanonicalLogits(canon))
         if len(tokens) != n:
             raise SeqkvError(f"session {entry['id']}: {len(tokens)} tokens, header says {n}")
         pred = predict_kv(canon, tokens, k=self.k, variant=self.variant)
-        flat = _flatten(pred.keys, pred.values)
-        deq = dequantize(delta, max_positions=n)
+        flat = flatten_kv(pred.keys, pred.values)
         if deq.values.shape != tuple(flat.shape):
             raise CorruptStreamError(f"delta stream holds {deq.values.shape}, not {flat.shape}")
         kv = (flat + torch.from_numpy(deq.values)).to(DTYPES[entry["dtype"]])
@@ -196,3 +196,15 @@ class DeltaTopKCodec(SessionCodec):
         meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
         keys, values = [t.clone() for t in kv[:, 0]], [t.clone() for t in kv[:, 1]]
         return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
+
+    def decode_many(self, entries: list[dict], reads: list, canon) -> list:
+        """Captures, or the error of each session that failed; one session at a time."""
+        from seqkv_codecs.errors import CodecError
+
+        out: list = []
+        for entry, read in zip(entries, reads, strict=True):
+            try:
+                out.append(self.decode(entry, read, canon))
+            except (SeqkvError, CodecError) as exc:
+                out.append(exc)
+        return out

@@ -14,6 +14,13 @@ class Accounting:
     fp16_bits_per_position: int = 0
 
     @property
+    def log2_ppl(self) -> float | None:
+        """Mean surprisal over the scored positions of all sessions (None if unknown)."""
+        scored = [(s["log2_ppl"], s["positions"] - 1) for s in self.sessions if s["log2_ppl"]]
+        total = sum(n for _, n in scored)
+        return sum(v * n for v, n in scored) / total if total else None
+
+    @property
     def bits_per_position(self) -> float:
         return self.file_bytes * 8 / max(self.positions, 1)
 
@@ -22,7 +29,9 @@ def _part(name: str) -> str:
     tail = name.split("/", 1)[-1]
     if tail.startswith("layers."):
         return "keys" if tail.endswith(".key") else "values"
-    return tail  # tokens, surprisal, ...
+    if tail.startswith("residual."):
+        return "residual"
+    return "tokens" if tail == "tokens.seq" else tail  # tokens, surprisal, ...
 
 
 def account(archive) -> Accounting:

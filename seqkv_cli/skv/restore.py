@@ -10,7 +10,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.skv.blocks import to_tensor
-from seqkv_cli.skv.layout import kv_part, section_name
+from seqkv_cli.skv.layout import capture_meta_of, kv_part, section_name
 
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
 
@@ -105,7 +105,7 @@ class Archive:
         """
         if not self.needs_model:
             for entry in entries:
-                yield entry, self._restore_pervector(entry)
+                yield entry, self._with_meta(entry, self._restore_pervector(entry))
             return
         for start in range(0, len(entries), batch):
             group = entries[start : start + batch]
@@ -114,7 +114,12 @@ class Archive:
             for entry, result in zip(group, results, strict=True):
                 if isinstance(result, Exception):  # name the file and session
                     result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
-                yield entry, result
+                yield entry, self._with_meta(entry, result)
+
+    def _with_meta(self, entry: dict, restored):
+        if not isinstance(restored, Exception):
+            restored.meta = capture_meta_of(entry, self.model)
+        return restored
 
     def _reader_for(self, entry: dict):
         i, owned = entry["index"], set(entry["sections"])
@@ -139,8 +144,7 @@ class Archive:
         layers = range(entry["shapes"]["num_layers"])
         keys = [self.decode_kv(entry, layer, "key") for layer in layers]
         values = [self.decode_kv(entry, layer, "value") for layer in layers]
-        meta = dict(entry.get("capture_meta", {}))
-        meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
+        meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # completed by _with_meta
         return Capture(
             torch.from_numpy(tokens.astype(np.int64)),
             keys,

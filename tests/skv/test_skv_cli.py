@@ -141,12 +141,18 @@ def test_mixed_models_and_missing_session(captures, tmp_path, tiny_model_dir):
     other.meta["session_id"] = "other"
     save_capture(other, tmp_path / "other.safetensors")
     result = invoke(
-        "compress", captures[0], tmp_path / "other.safetensors", "-o", tmp_path / "mix.skv"
+        "compress",
+        captures[0],
+        tmp_path / "other.safetensors",
+        "-o",
+        tmp_path / "mix.skv",
+        "--codec",
+        "lossless",
     )
     assert_error(result, "different model")
     assert not (tmp_path / "mix.skv").exists() and not list(tmp_path.glob(".*tmp*"))
     skv = tmp_path / "x.skv"
-    invoke("compress", captures[0], "-o", skv)
+    invoke("compress", captures[0], "-o", skv, "--codec", "lossless")
     assert_error(
         invoke("decompress", skv, "-o", tmp_path / "d", "--session", "nope"),
         "has no session 'nope'",
@@ -193,3 +199,14 @@ def test_every_codec_round_trips_embedded_model_captures_through_the_cli(embedde
                 assert rel <= LOSSY_REL_L2[codec], (codec, rel)
             else:
                 assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), codec
+
+
+def test_seq_is_the_default_and_checks_the_model(captures, tmp_path, tiny_model_dir):
+    result = invoke("compress", captures[0], "-o", tmp_path / "x.skv", "--model", tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    from seqkv_cli.container import open_container
+
+    with open_container(tmp_path / "x.skv") as reader:
+        assert reader.header["pipeline"][0]["id"] == "seq"
+    result = invoke("info", tmp_path / "x.skv")
+    assert result.exit_code == 0 and "tokens" in result.stdout
