@@ -12,6 +12,8 @@ from seqkv_cli.commands._common import console, handle_errors, human_bytes
 from seqkv_cli.commands.capture import ModelOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
+RECOMPUTING = ("seq", "seq-fast")  # the codecs that take --residual / --tolerance
+
 
 @handle_errors
 def compress_command(
@@ -39,17 +41,16 @@ def compress_command(
 ) -> None:
     """Compress captures into one self-describing .skv container."""
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
-    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
     from seqkv_cli.skv.compress import compress_captures, resolve_codec
 
     if tolerance is not None and tolerance <= 0:
         raise SeqkvError(f"--tolerance must be > 0, got {tolerance}")
-    if codec in SESSION_CODECS:
+    if codec in RECOMPUTING:
         spec = {"id": codec, "residual": residual}
         if tolerance is not None:
             spec["tolerance"] = tolerance
     elif tolerance is not None:
-        raise SeqkvError(f"--tolerance applies to {', '.join(SESSION_CODECS)}, not {codec}")
+        raise SeqkvError(f"--tolerance applies to {', '.join(RECOMPUTING)}, not {codec}")
     else:
         spec = codec
     resolve_codec(spec)  # refuse an unknown id before reading any capture

@@ -219,9 +219,10 @@ class CanonicalLM:
         # (kv_heads, groups * rows, hd): query head h uses kv head h // groups, as in HF repeat_kv.
         qg = q.view(m_pad, kvh, groups, hd).permute(1, 2, 0, 3).reshape(kvh, groups * m_pad, hd)
         n_keys = n_blocks * KEY_BLOCK
-        scores = torch.matmul(qg, state.keys[li, :, :n_keys].transpose(1, 2)) * self.scaling
+        scores = torch.matmul(qg, state.keys[li, :, :n_keys].transpose(1, 2)).mul_(self.scaling)
         scores.masked_fill_(masked, -math.inf)
-        probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        # In place: the same elementwise kernels as out-of-place ops, without the copies.
+        probs = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
         probs = probs.view(kvh, groups * m_pad, n_blocks, KEY_BLOCK).transpose(1, 2).contiguous()
         vals = state.values[li, :, :n_keys].reshape(kvh, n_blocks, KEY_BLOCK, hd + 1)
         parts = torch.matmul(probs, vals)  # (kv_heads, blocks, rows, hd + 1)

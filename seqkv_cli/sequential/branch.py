@@ -9,8 +9,9 @@ The computation mirrors `CanonicalLM.forward` operation by operation, so that a 
 the true token reproduces the cached K/V bit for bit: every product keeps the row-block
 padding, the candidate's own score replaces column p of the shared score matrix, and the
 key block that holds p is multiplied once per row with the candidate's value written into
-it. Blocks are summed in block order, as in the canonical attention. Rows never influence
-each other, so encoder and decoder get identical bits whatever rows they batch together.
+it. Blocks are summed in block order, as in the canonical attention. On a row-invariant BLAS
+(the property `check_row_invariance` guards) rows never influence each other's bits, so the
+result does not depend on how rows are batched; callers still use one fixed schedule.
 """
 
 from __future__ import annotations

@@ -156,8 +156,9 @@ class DeltaTopKCodec(SessionCodec):
         delta = quantize(residual.numpy(), bits, canon.head_dim, self.max_bits)
         rel = float(residual.norm() / actual.norm().clamp_min(1e-30))
         out = EncodedSession({"tokens.seq": data, "delta": delta}, stats.ideal_bits, len(delta))
+        what = f"top-{self.k}" if self.variant == "topk" else "linear (expected embedding)"
         out.notes.append(
-            f"{self.variant} predictor (K={self.k}): relative L2 error {rel:.4f} before the "
+            f"{what} predictor: relative L2 error {rel:.4f} before the "
             f"residual; mean {bits.mean():.2f} bits/component, {int((bits == 0).sum())} of "
             f"{len(bits)} positions with none"
         )
@@ -185,7 +186,7 @@ class DeltaTopKCodec(SessionCodec):
             raise CorruptStreamError(f"delta stream holds {deq.values.shape}, not {flat.shape}")
         kv = (flat + torch.from_numpy(deq.values)).to(DTYPES[entry["dtype"]])
         kv = kv.view(n, canon.num_layers, 2, canon.num_kv_heads, canon.head_dim)
-        kv = kv.permute(1, 2, 3, 0, 4).contiguous()
+        kv = kv.permute(1, 2, 3, 0, 4)  # (layers, 2, kv_heads, n, head_dim)
         stored = read("surprisal")
         surprisal = pred.surprisal
         if stored is not None:
@@ -194,7 +195,7 @@ class DeltaTopKCodec(SessionCodec):
             surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
         meta = dict(entry.get("capture_meta", {}))
         meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
-        keys, values = [t.clone() for t in kv[:, 0]], [t.clone() for t in kv[:, 1]]
+        keys, values = [t.contiguous() for t in kv[:, 0]], [t.contiguous() for t in kv[:, 1]]
         return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
 
     def decode_many(self, entries: list[dict], reads: list, canon) -> list:

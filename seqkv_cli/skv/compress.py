@@ -169,7 +169,9 @@ def _write_sequential(writer, index, cap, coder, canon, check, result):
             same_capture(cap, restored)
             if coder.lossless
             else torch.equal(cap.tokens, restored.tokens)
-            and [t.shape for t in cap.keys] == [t.shape for t in restored.keys]
+            and torch.equal(cap.surprisal.double(), restored.surprisal.double())
+            and [(t.shape, t.dtype) for t in cap.keys]
+            == [(t.shape, t.dtype) for t in restored.keys]
             and within_tolerance(cap, restored, getattr(coder, "tolerance", None))
         )
         if not ok:

@@ -18,6 +18,15 @@ from seqkv_codecs.errors import CodecError, CorruptStreamError
 TEXT = "Water flows from reservoirs through mains to every tap. " * 2
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from a 2nd thread and lose 100x to spin-waits on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def canon(tiny_lm):
     return canonical_model(tiny_lm)
@@ -37,7 +46,7 @@ def greedy(canon):
     ids, state = [72], canon.new_state(64)
     for _ in range(63):
         ids.append(int(canon.forward(state, torch.tensor(ids[-1:]))[0].argmax()))
-    return np.array(ids), state
+    return np.array(ids)
 
 
 def prefill(canon, ids) -> object:
@@ -78,7 +87,7 @@ def test_true_token_rows_reproduce_the_cached_kv_bit_for_bit(canon):
 
 def test_branch_rows_must_have_their_prefix_cached(canon):
     state = prefill(canon, torch.arange(10))
-    with pytest.raises(SeqkvError, match="positions 0..10"):
+    with pytest.raises(SeqkvError, match=r"positions 0\.\.10"):
         branch_kv(canon, state, torch.tensor([11]), canon.embed[:1])
 
 
@@ -86,9 +95,8 @@ def test_branch_rows_must_have_their_prefix_cached(canon):
 
 
 def test_top1_on_greedy_text_is_the_exact_kv(canon, greedy):
-    ids, _ = greedy
-    state = prefill(canon, ids)
-    pred = predict_kv(canon, ids, k=1, variant="topk")
+    state = prefill(canon, greedy)
+    pred = predict_kv(canon, greedy, k=1, variant="topk")
     for layer in range(canon.num_layers):
         k, v = state.layer_kv(layer)
         assert torch.equal(pred.keys[layer][:, 1:], k[:, 1:])
@@ -97,33 +105,37 @@ def test_top1_on_greedy_text_is_the_exact_kv(canon, greedy):
 
 
 def test_full_vocab_and_linear_predictions_follow_their_definitions(canon, greedy):
-    ids, _ = greedy
-    ids = ids[:24]
+    ids = greedy[:24]
     state = prefill(canon, ids)
     logits = canon.forward(canon.new_state(len(ids)), torch.as_tensor(ids))
     full = predict_kv(canon, ids, k=canon.vocab_size, variant="topk")
     linear = predict_kv(canon, ids, k=1, variant="linear")
     vocab = torch.arange(canon.vocab_size)
     for p in (1, 9, 23):
-        fk, fv = branch_kv(canon, state, torch.full_like(vocab, p), canon.embed[vocab])
+        fk, _ = branch_kv(canon, state, torch.full_like(vocab, p), canon.embed[vocab])
         w = torch.softmax(logits[p - 1].double(), dim=-1)
         expect = torch.einsum("t,lthd->lhd", w, fk.double()).float()
         got = torch.stack([t[:, p] for t in full.keys])
         torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
         soft = torch.softmax(logits[p - 1], dim=-1) @ canon.embed
-        lk, lv = branch_kv(canon, state, torch.tensor([p]), soft[None])
+        _, lv = branch_kv(canon, state, torch.tensor([p]), soft[None])
         torch.testing.assert_close(torch.stack([t[:, p] for t in linear.values]), lv[:, 0])
 
 
 @pytest.mark.parametrize(("k", "variant"), [(20, "topk"), (258, "topk"), (1, "linear")])
 def test_predictions_are_finite_and_beat_a_zero_predictor(canon, greedy, cap, k, variant):
-    ids, state = greedy
-    actual = flatten_kv(*[[state.layer_kv(i)[j] for i in range(canon.num_layers)] for j in (0, 1)])
-    pred = predict_kv(canon, ids, k=k, variant=variant)
+    state = prefill(canon, greedy)
+    layers = range(canon.num_layers)
+    keys, values = [state.layer_kv(i)[0] for i in layers], [state.layer_kv(i)[1] for i in layers]
+    actual = flatten_kv(keys, values)
+    pred = predict_kv(canon, greedy, k=k, variant=variant)
     predicted = flatten_kv(pred.keys, pred.values)
     assert torch.isfinite(predicted).all() and rel_error(actual, predicted) < 0.8
     on_text = predict_kv(canon, cap.tokens.numpy(), k=k, variant=variant)
-    assert torch.isfinite(flatten_kv(on_text.keys, on_text.values)).all()
+    text_pred = flatten_kv(on_text.keys, on_text.values)
+    assert torch.isfinite(text_pred).all()
+    if variant == "topk":  # on text it predicts less well (linear: worse than zero here)
+        assert rel_error(flatten_kv(cap.keys, cap.values), text_pred) < 1
     assert torch.equal(on_text.surprisal, cap.surprisal)  # the capture's own function and bits
 
 
@@ -144,9 +156,8 @@ def test_quantizer_error_bound_and_never_worse_than_zero():
     assert np.all(bound[kept] <= (out.scales[kept] / (2.0 ** bits[kept, None] - 1))[..., None])
     assert np.all(err <= np.abs(r).reshape(err.shape) * (1 + 1e-6))
     assert not out.values[~kept].any() and not out.scales[~kept].any()
-    sizes = [
-        len(quantize(r.astype(np.float32), np.full(90, b, np.uint8), 64, 8)) for b in (2, 4, 8)
-    ]
+    r = r.astype(np.float32)
+    sizes = [len(quantize(r, np.full(90, b, np.uint8), 64, 8)) for b in (2, 4, 8)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1] / 2
 
 
@@ -186,9 +197,8 @@ def test_quantizer_rejects_bad_input_and_damaged_streams():
 def test_config_round_trip_and_bad_configs():
     codec = DeltaTopKCodec(k=5, variant="linear", max_bits=3, base=1.0, slope=0.5)
     config = codec.get_config()
-    assert (
-        config["id"] == "delta-topk" and DeltaTopKCodec.from_config(config).get_config() == config
-    )
+    assert config["id"] == "delta-topk"
+    assert DeltaTopKCodec.from_config(config).get_config() == config
     assert DeltaTopKCodec.lossless is False
     for bad in ({"variant": "mean"}, {"k": 0}, {"max_bits": 9}, {"slope": math.inf}, {"x": 1}):
         with pytest.raises(SeqkvError):
@@ -198,9 +208,8 @@ def test_config_round_trip_and_bad_configs():
 def test_round_trip_restores_tokens_and_surprisal_exactly_and_kv_within_the_bound(canon, cap):
     codec = DeltaTopKCodec(max_bits=4)
     enc = codec.encode(cap, canon)
-    assert set(enc.parts) == {"tokens.seq", "delta"} and enc.residual_bytes == len(
-        enc.parts["delta"]
-    )
+    assert set(enc.parts) == {"tokens.seq", "delta"}
+    assert enc.residual_bytes == len(enc.parts["delta"])
     out = codec.decode(entry(cap), enc.parts.get, canon)
     assert torch.equal(out.tokens, cap.tokens) and torch.equal(out.surprisal, cap.surprisal)
     pred = predict_kv(canon, cap.tokens.numpy(), k=20, variant="topk")
@@ -256,9 +265,8 @@ def test_through_a_container_once_registered(tiny_lm, cap, tmp_path, monkeypatch
     monkeypatch.setitem(session_codecs.SESSION_CODECS, "delta-topk", DeltaTopKCodec)
     save_capture(cap, tmp_path / "prose.safetensors")
     codec = {"id": "delta-topk", "max_bits": 3}
-    res = compress_captures(
-        [tmp_path / "prose.safetensors"], tmp_path / "x.skv", codec=codec, model=tiny_lm
-    )
+    path = tmp_path / "prose.safetensors"
+    res = compress_captures([path], tmp_path / "x.skv", codec=codec, model=tiny_lm)
     assert res.part_bytes["delta"] > 0 and res.part_bytes["tokens"] > 0
     with Archive(tmp_path / "x.skv", model=tiny_lm) as arc:
         restored = arc.restore(arc.sessions[0])
