@@ -13,6 +13,7 @@ needed, tokens not counted) and two per-vector codecs.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = [
     {"id": "seq"},
+    {"id": "seq-fast"},
     *({"id": "delta-topk", "variant": "topk", "k": 20, "max_bits": b} for b in (0, 2, 4, 8)),
     {"id": "delta-topk", "variant": "topk", "k": 20, "max_bits": 4, "base": 4.0, "slope": 0.0},
     *({"id": "delta-topk", "variant": "linear", "max_bits": b} for b in (0, 4, 8)),
@@ -42,11 +44,9 @@ def errors(cap, restored) -> tuple[float, float]:
 
 
 def run_session_codec(config: dict, cap, canon) -> dict:
-    from seqkv_cli.sequential.delta_topk import DeltaTopKCodec
-    from seqkv_cli.sequential.session_codecs import SeqCodec
+    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
 
-    cls = DeltaTopKCodec if config["id"] == "delta-topk" else SeqCodec
-    codec = cls.from_config(config)
+    codec = SESSION_CODECS[config["id"]].from_config(config)
     start = time.perf_counter()
     enc = codec.encode(cap, canon)
     t_enc = time.perf_counter() - start
@@ -145,6 +145,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="positions of prose.txt to use")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--json", type=Path, help="write raw numbers here")
+    parser.add_argument("--append", type=Path, help="append the Markdown report to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model()
@@ -162,15 +163,19 @@ def main() -> None:
     rows += [run_pervector(cap, c) for c in ("kivi2", "turbo3")]
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     report = (
+        f"## delta-topk (paper's Layer 2) vs seq and per-vector codecs — "
+        f"{dt.date.today().isoformat()}\n\n"
         f"K/V of {cap.positions} positions of sample_data/prose.txt, embedded model, bf16 "
         f"(log2 PP {cap.log2_ppl:.2f} bits); {torch.get_num_threads()} thread(s), "
         f"{platform.machine()}, torch {torch.__version__}.\nCommand: `{command}`\n\n"
         + markdown(rows)
     )
+    notes = [f"- {r['codec']}: {note}" for r in rows for note in r["notes"]]
+    report = "\n".join([report, "", *notes, ""])
     print(report)
-    for r in rows:
-        for note in r["notes"]:
-            print(f"- {r['codec']}: {note}")
+    if args.append:
+        with open(args.append, "a", encoding="utf-8") as f:
+            f.write("\n" + report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"positions": cap.positions, "log2_ppl": cap.log2_ppl, "rows": rows}
