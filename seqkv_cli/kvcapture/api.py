@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import ensure_writable_dir
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture, save_capture
 from seqkv_cli.kvcapture.engine import run_capture, tokenize
 from seqkv_cli.kvcapture.inputs import Document, read_inputs
@@ -67,12 +67,7 @@ def output_paths(out: Path, documents: list[Document]) -> list[Path]:
         targets, folder = [out], out.parent
     else:
         targets, folder = [out / f"{d.file_stem}.safetensors" for d in documents], out
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SeqkvError(f"cannot create output directory {folder}: {exc.strerror}") from None
-    if not os.access(folder, os.W_OK):
-        raise SeqkvError(f"output directory {folder} is not writable")
+    ensure_writable_dir(folder)
     return targets
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import ensure_writable_dir
 from seqkv_cli.skv.blocks import to_tensor
 from seqkv_cli.skv.layout import capture_meta_of, kv_part, section_name
 
@@ -174,12 +174,7 @@ def decompress(
     """Write capture files for the chosen sessions (all by default); all or nothing."""
     from seqkv_cli.kvcapture.capture_file import save_capture
 
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SeqkvError(f"cannot create output directory {out_dir}: {exc.strerror}") from None
-    if not os.access(out_dir, os.W_OK):
-        raise SeqkvError(f"output directory {out_dir} is not writable")
+    ensure_writable_dir(out_dir)
     written: list[Path] = []
     with Archive(path, model=model) as archive:
         entries = [archive.session(s) for s in session_ids] if session_ids else archive.sessions
