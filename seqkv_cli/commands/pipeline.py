@@ -104,11 +104,11 @@ def _verify(path: Path, lm, captures, mode: str) -> dict[str, bool]:
 
 
 def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> None:
-    from seqkv_cli.container import open_container
+    from seqkv_cli.skv.accounting import account
+    from seqkv_cli.skv.restore import Archive
 
-    with open_container(seq.path) as reader:
-        sizes = {e.name: e.length for e in reader.sections}
-        entries = reader.header["sessions"]
+    with Archive(seq.path, model=lm) as arc:
+        entries, per_session = arc.sessions, account(arc).sessions
     fp16_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
     table = Table(
         title=f"seqkv pipeline: {lm.name} (fingerprint {lm.fingerprint[:12]}), "
@@ -127,11 +127,8 @@ def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> 
     ):
         table.add_column(col, justify="left" if col == "session" else "right")
     base_per_pos = base.part_bytes["kv"] * 8 / base.positions
-    for cap, entry in zip(captures, entries, strict=True):
-        c, i = cap.capture, entry["index"]
-        own = sum(v for k, v in sizes.items() if k.startswith(f"s{i}/"))
-        residual = sum(v for k, v in sizes.items() if k.startswith(f"s{i}/residual."))
-        bits = own * 8 / c.positions
+    for cap, entry, acc in zip(captures, entries, per_session, strict=True):
+        c, bits, residual = cap.capture, acc["bits_per_position"], entry["residual_bytes"]
         table.add_row(
             c.session_id,
             f"{c.positions:,}",

@@ -193,8 +193,7 @@ class DeltaTopKCodec(SessionCodec):
             if len(stored) != 8 * max(n - 1, 0):
                 raise CorruptStreamError("stored surprisal has the wrong length")
             surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
-        meta = dict(entry.get("capture_meta", {}))
-        meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
+        meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
         keys, values = [t.contiguous() for t in kv[:, 0]], [t.contiguous() for t in kv[:, 1]]
         return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
 

@@ -187,8 +187,7 @@ class SessionCodec:
             if stored is not None
             else track.surprisal
         )
-        meta = dict(entry.get("capture_meta", {}))
-        meta.update({"session_id": entry["id"], "dtype": entry["dtype"]})
+        meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
         return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
 
 

@@ -1,4 +1,4 @@
-"""`compress`: captures → one `.skv` container with a per-vector codec pipeline."""
+"""`compress`: captures → one `.skv` container, with a per-vector or a session codec."""
 
 from __future__ import annotations
 
@@ -22,10 +22,6 @@ class CompressResult:
     input_kv_bytes: int = 0
     file_bytes: int = 0
     part_bytes: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float:
-        return self.input_kv_bytes / max(self.part_bytes.get("kv", 0), 1)
 
 
 def resolve_codec(spec: str | dict):
@@ -60,18 +56,18 @@ def compress_captures(
     model=None,
     on_progress: Callable[[int], None] | None = None,
 ) -> CompressResult:
-    """Encode every capture's K/V with `codec` and write the container atomically.
+    """Encode every capture with `codec` and write the container atomically.
 
-    With `check`, each encoded block is decoded again at once and, for lossless codecs,
-    compared bit for bit, so a file that would not restore is never reported as written.
+    With `check`, everything encoded is decoded again at once (per block, or per session for
+    session codecs) and, for lossless codecs, compared bit for bit, so a file that would not
+    restore is never reported as written.
     """
     from seqkv_cli.container import ContainerWriter
     from seqkv_cli.kvcapture.capture_file import load_capture
+    from seqkv_cli.sequential.session_codecs import SessionCodec
 
     if not paths:
         raise SeqkvError("no captures to compress")
-    from seqkv_cli.sequential.session_codecs import SessionCodec
-
     coder = resolve_codec(codec)
     canon, header_model = None, None
     if isinstance(coder, SessionCodec):
@@ -110,24 +106,27 @@ def compress_captures(
     return result
 
 
+def _add_section(writer, result, names, index: int, part: str, data: bytes, group: str) -> None:
+    """Write one section of session `index` and count its bytes under `group`."""
+    name = section_name(index, part)
+    writer.add_section(name, data)
+    names.append(name)
+    result.part_bytes[group] = result.part_bytes.get(group, 0) + len(data)
+
+
 def _write_session(writer, index, cap, coder, check, result, on_progress) -> list[str]:
-    names = []
-
-    def add(part: str, data: bytes, group: str) -> None:
-        name = section_name(index, part)
-        writer.add_section(name, data)
-        names.append(name)
-        result.part_bytes[group] = result.part_bytes.get(group, 0) + len(data)
-
-    add("tokens", np.asarray(cap.tokens.numpy(), dtype="<u4").tobytes(), "tokens")
-    add("surprisal", np.asarray(cap.surprisal.numpy(), dtype="<f8").tobytes(), "surprisal")
+    names: list[str] = []
+    tokens = np.asarray(cap.tokens.numpy(), dtype="<u4").tobytes()
+    _add_section(writer, result, names, index, "tokens", tokens, "tokens")
+    surprisal = np.asarray(cap.surprisal.numpy(), dtype="<f8").tobytes()
+    _add_section(writer, result, names, index, "surprisal", surprisal, "surprisal")
     for layer in range(len(cap.keys)):
         for kind, tensor in (("key", cap.keys[layer]), ("value", cap.values[layer])):
             block = to_block(tensor, cap.meta["dtype"], kind)
             encoded = coder.encode(block)
             if check:
                 _check_block(coder, encoded, block, f"{cap.session_id} layer {layer}")
-            add(kv_part(layer, kind), encoded, "kv")
+            _add_section(writer, result, names, index, kv_part(layer, kind), encoded, "kv")
             result.input_kv_bytes += block.nbytes
     if on_progress:
         on_progress(cap.positions)
@@ -152,15 +151,11 @@ def _write_sequential(writer, index, cap, coder, canon, check, result):
     import torch
 
     enc = coder.encode(cap, canon)
-    names = []
+    names: list[str] = []
     for part, data in enc.parts.items():
-        name = section_name(index, part)
-        writer.add_section(name, data)
-        names.append(name)
         group = "tokens" if part == "tokens.seq" else part.split(".", 1)[0]
-        result.part_bytes[group] = result.part_bytes.get(group, 0) + len(data)
+        _add_section(writer, result, names, index, part, data, group)
     result.input_kv_bytes += cap.kv_bytes()
-    result.part_bytes.setdefault("kv", 0)
     if check:
         entry = {"id": cap.session_id, "positions": cap.positions, "dtype": cap.meta["dtype"]}
         restored = coder.decode(entry, enc.parts.get, canon)
