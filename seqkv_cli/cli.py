@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from seqkv_cli import __version__
+from seqkv_cli.commands.archive import archive_app, resume_command
 from seqkv_cli.commands.capture import capture_command
 from seqkv_cli.commands.compress import compress_command, decompress_command
 from seqkv_cli.commands.inspect import codecs_command, info_command, verify_command
@@ -47,6 +48,8 @@ app.command("info")(info_command)
 app.command("codecs")(codecs_command)
 app.command("pipeline")(pipeline_command)
 app.add_typer(model_app, name="model")
+app.add_typer(archive_app, name="archive")
+app.command("resume")(resume_command)
 
 
 def main() -> None:

@@ -38,6 +38,13 @@ def compress_command(
     verify: Annotated[
         bool, typer.Option(help="Decode every block again before reporting success.")
     ] = True,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help="'trie' stores prefixes that sessions share once (seq, seq-fast); "
+            "'flat' codes each session on its own."
+        ),
+    ] = "trie",
 ) -> None:
     """Compress captures into one self-describing .skv container."""
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
@@ -63,6 +70,7 @@ def compress_command(
             codec=spec,
             model=model,
             check=verify,
+            layout=layout,
             on_progress=lambda n: bar.advance(task, n),
         )
     bits = res.file_bytes * 8 / max(res.positions, 1)

@@ -4,7 +4,7 @@ Byte layout and version rules: docs/FORMAT.md. This package uses only the standa
 google-crc32c and `seqkv_cli.errors`, so opening a container never imports torch.
 """
 
-from seqkv_cli.container.append import append_sessions
+from seqkv_cli.container.append import append_sessions, locked_for_append
 from seqkv_cli.container.errors import (
     ContainerError,
     ContainerWriteError,
@@ -43,6 +43,7 @@ __all__ = [
     "UnsupportedVersionError",
     "WriteResult",
     "append_sessions",
+    "locked_for_append",
     "open_container",
     "write_container",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 from seqkv_cli.container.errors import (
@@ -40,26 +40,78 @@ def append_sessions(
     The file's pipeline, model and meta are kept; new session ids and section names must
     not clash with existing ones. Concurrent appenders are serialised with flock.
     """
+    with locked_for_append(path) as appender:
+        return appender.commit(sessions, sections)
+
+
+class Appender:
+    """An open, exclusively locked container: read what it holds, then commit one segment."""
+
+    def __init__(self, file: BinaryIO, current: ContainerReader) -> None:
+        self.file, self.current = file, current
+
+    @property
+    def reader(self) -> ContainerReader:
+        return self.current
+
+    def commit(self, sessions: list[dict[str, Any]], sections) -> WriteResult:
+        if not isinstance(sessions, list):
+            raise InvalidContainerInputError(
+                self.current.path, "sessions must be a list of session dicts"
+            )
+        try:
+            return _append(self.file, self.current, sessions, sections)
+        except OSError as error:
+            raise ContainerWriteError(
+                self.current.path, f"cannot append: {describe_os_error(error)}"
+            ) from error
+
+
+@contextlib.contextmanager
+def locked_for_append(path: str | os.PathLike[str], on_wait=None) -> Iterator[Appender]:
+    """Hold the file's append lock while the caller reads, encodes and commits.
+
+    A second appender waits (after `on_wait()` tells the user why) rather than failing, so
+    two `archive add` runs are serialised and the second sees the first's sessions.
+    """
     path = os.fspath(path)
-    if not isinstance(sessions, list):
-        raise InvalidContainerInputError(path, "sessions must be a list of session dicts")
+    file = _open_locked(path, on_wait)
     try:
-        file = open(path, "r+b")  # noqa: SIM115 - closed in the finally below
-    except OSError as error:
-        raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from None
-    try:
-        if fcntl is not None:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX)
         with ContainerReader(path) as current:
             major, minor = current.version
             if minor > FORMAT_MINOR:
                 raise UnsupportedVersionError(
                     path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
                 )
-            return _append(file, current, sessions, sections)
+            yield Appender(file, current)
     except OSError as error:
         raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from error
     finally:
+        file.close()
+
+
+def _open_locked(path: str, on_wait) -> BinaryIO:
+    """Open and lock `path`; if it was replaced while we waited (compact), lock the new file."""
+    while True:
+        try:
+            file = open(path, "r+b")  # noqa: SIM115 - the caller closes it
+        except OSError as error:
+            raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from None
+        if fcntl is None:
+            return file
+        try:
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                    on_wait = None
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+            if os.fstat(file.fileno()).st_ino == os.stat(path).st_ino:
+                return file
+        except OSError:
+            file.close()
+            raise
         file.close()
 
 

@@ -15,7 +15,7 @@ import google_crc32c
 
 MAGIC = b"\x89SKV\r\n\x1a\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1.1 added trie archives (header key "trie", docs/FORMAT.md)
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
 SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc
 SLOT_SIZE = SLOT_BODY.size + 4  # + CRC32C of preamble and body

@@ -14,7 +14,7 @@ from typing import Any
 
 MAX_DEPTH = 64
 MAX_NAME_BYTES = 1024
-KNOWN_KEYS = ("pipeline", "model", "sessions", "meta")
+KNOWN_KEYS = ("pipeline", "model", "sessions", "meta", "trie")
 REQUIRED_KEYS = ("pipeline", "model", "sessions")
 
 

@@ -78,7 +78,7 @@ def save_capture(capture: Capture, path: Path) -> int:
 _JSON_META = {"num_layers", "num_kv_heads", "head_dim", "positions", "versions", "truncated"}
 
 
-def _read(path: Path | str, *, with_tensors: bool):
+def _read(path: Path | str, *, with_tensors: bool, only: tuple[str, ...] | None = None):
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -88,7 +88,8 @@ def _read(path: Path | str, *, with_tensors: bool):
         with safe_open(str(path), framework="pt") as f:
             raw_meta = f.metadata() or {}
             names = set(f.keys())
-            tensors = {n: f.get_tensor(n) for n in names} if with_tensors else {}
+            wanted = names if only is None else names & set(only)
+            tensors = {n: f.get_tensor(n) for n in wanted} if with_tensors else {}
     except (SafetensorError, OSError, ValueError) as exc:
         raise SeqkvError(f"{path} is not a capture file (not safetensors: {exc})") from None
     if raw_meta.get("format") != CAPTURE_FORMAT:
@@ -110,6 +111,14 @@ def _read(path: Path | str, *, with_tensors: bool):
 def load_capture_meta(path: Path | str) -> dict:
     """A capture's metadata, without reading its tensors."""
     return _read(path, with_tensors=False)[1]
+
+
+def load_capture_tokens(path: Path | str):
+    """(metadata, token ids) of a capture, without reading its K/V."""
+    path, meta, _, tensors = _read(path, with_tensors=True, only=("tokens",))
+    if "tokens" not in tensors:
+        raise SeqkvError(f"{path} is missing tensor 'tokens'")
+    return meta, tensors["tokens"]
 
 
 def load_capture(path: Path | str) -> Capture:

@@ -159,36 +159,38 @@ class SessionCodec:
         return results
 
     def _restore(self, entry, read, tokens, track, adapter) -> Capture:
-        from seqkv_codecs.residual import apply_residual
-        from seqkv_codecs.tolerance import MAGIC as TOLERANCE_MAGIC
-        from seqkv_codecs.tolerance import apply_tolerance
-
         if len(tokens) != entry["positions"]:
             raise SeqkvError(
                 f"session {entry['id']}: token stream holds {len(tokens)} tokens, "
                 f"header says {entry['positions']}"
             )
         track = adapter.finish(track, tokens)
-        dtype = DTYPES[entry["dtype"]]
-        keys, values = track.kv(adapter.canon.num_layers, dtype)
-        for kind, tensors in (("key", keys), ("value", values)):
-            for layer, t in enumerate(tensors):
-                data = read(f"residual.layers.{layer}.{kind}")
-                if data is None:
-                    continue
-                if data[:4] == TOLERANCE_MAGIC:
-                    bits = apply_tolerance(data, _bits(t), entry["dtype"])
-                else:
-                    bits = apply_residual(data, _bits(t))
-                tensors[layer] = _from_bits(bits, dtype)
-        stored = read("surprisal")
-        surprisal = (
-            torch.from_numpy(np.frombuffer(stored, "<f8").copy())
-            if stored is not None
-            else track.surprisal
-        )
-        meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
-        return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
+        keys, values = track.kv(adapter.canon.num_layers, DTYPES[entry["dtype"]])
+        return finish_capture(entry, read, tokens, keys, values, track.surprisal)
+
+
+def finish_capture(entry: dict, read, tokens, keys, values, surprisal) -> Capture:
+    """Recomputed K/V plus the session's stored residuals (and surprisal, when stored)."""
+    from seqkv_codecs.residual import apply_residual
+    from seqkv_codecs.tolerance import MAGIC as TOLERANCE_MAGIC
+    from seqkv_codecs.tolerance import apply_tolerance
+
+    dtype = DTYPES[entry["dtype"]]
+    for kind, tensors in (("key", keys), ("value", values)):
+        for layer, t in enumerate(tensors):
+            data = read(f"residual.layers.{layer}.{kind}")
+            if data is None:
+                continue
+            if data[:4] == TOLERANCE_MAGIC:
+                bits = apply_tolerance(data, _bits(t), entry["dtype"])
+            else:
+                bits = apply_residual(data, _bits(t))
+            tensors[layer] = _from_bits(bits, dtype)
+    stored = read("surprisal")
+    if stored is not None:
+        surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
+    meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
+    return Capture(torch.from_numpy(np.asarray(tokens)), keys, values, surprisal, meta)
 
 
 class SeqCodec(SessionCodec):

@@ -26,12 +26,26 @@ class Accounting:
 
 
 def _part(name: str) -> str:
-    tail = name.split("/", 1)[-1]
+    tail = name.split("/")[-1]
+    if tail == "index" and name.startswith("t"):
+        return "trie tables"
     if tail.startswith("layers."):
         return "keys" if tail.endswith(".key") else "values"
     if tail.startswith("residual."):
         return "residual"
     return "tokens" if tail == "tokens.seq" else tail  # tokens, surprisal, ...
+
+
+def _breakdown(entry: dict, sizes: dict[str, int], header_share: float) -> dict[str, float]:
+    """Bytes of one session by kind: its own sections plus its share of the header/index."""
+    out = {"tokens": 0.0, "residual": 0.0, "kv": 0.0, "header": header_share, "trie": 0.0}
+    for name in entry["sections"]:
+        part = _part(name)
+        key = (
+            part if part in ("tokens", "residual") else "kv" if part in ("keys", "values") else None
+        )
+        out[key or "header"] += sizes[name]
+    return out
 
 
 def account(archive) -> Accounting:
@@ -41,9 +55,29 @@ def account(archive) -> Accounting:
     for name, length in sizes.items():
         parts[_part(name)] = parts.get(_part(name), 0) + length
     parts["header + index"] = reader.size - sum(sizes.values())
+    # The header and index serve every session: each carries its share by positions.
+    total_positions = max(sum(e["positions"] for e in archive.sessions), 1)
     sessions, positions = [], 0
-    for entry in archive.sessions:
+    trie_costs = None
+    if getattr(archive, "trie", None) is not None:
+        from seqkv_cli.trie.summary import session_costs
+
+        trie_costs = session_costs(archive)
+    for i, entry in enumerate(archive.sessions):
         n = sum(sizes[s] for s in entry["sections"])
+        share = parts["header + index"] * entry["positions"] / total_positions
+        breakdown = _breakdown(entry, sizes, share)
+        if trie_costs is not None:
+            # Trie tables and the file header are shared equally; tokens split by coverage.
+            cost = trie_costs[i]
+            breakdown = {
+                "tokens": cost["tokens"],
+                "residual": cost["residual"],
+                "kv": 0.0,
+                "header": cost["header"],
+                "trie": cost["trie"],
+            }
+            n = cost["tokens"] + cost["trie"] + cost["residual"]
         sessions.append(
             {
                 "id": entry["id"],
@@ -52,6 +86,7 @@ def account(archive) -> Accounting:
                 "bytes": n,
                 "bits_per_position": n * 8 / max(entry["positions"], 1),
                 "log2_ppl": entry.get("log2_ppl"),
+                "breakdown": breakdown,
             }
         )
         positions += entry["positions"]

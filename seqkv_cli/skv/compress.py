@@ -13,6 +13,14 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.skv.blocks import to_block
 from seqkv_cli.skv.layout import kv_part, section_name, session_entry
 
+LAYOUTS = ("trie", "flat")
+
+
+def supports_trie(coder) -> bool:
+    """Codecs whose sessions the trie can share prefixes of: all but delta-topk, whose
+    residual is predicted per session (it keeps the flat layout)."""
+    return coder.codec_id != "delta-topk"
+
 
 @dataclass
 class CompressResult:
@@ -55,12 +63,14 @@ def compress_captures(
     check: bool = True,
     model=None,
     on_progress: Callable[[int], None] | None = None,
+    layout: str = "trie",
 ) -> CompressResult:
     """Encode every capture with `codec` and write the container atomically.
 
-    With `check`, everything encoded is decoded again at once (per block, or per session for
-    session codecs) and, for lossless codecs, compared bit for bit, so a file that would not
-    restore is never reported as written.
+    ``layout="trie"`` (the default for codecs that support it) stores prefixes that sessions
+    share once (seqkv_cli/trie); ``"flat"`` codes every session on its own. With `check`,
+    everything encoded is decoded again and, for lossless codecs, compared bit for bit, so a
+    file that would not restore is never reported as written.
     """
     from seqkv_cli.container import ContainerWriter
     from seqkv_cli.kvcapture.capture_file import load_capture
@@ -68,7 +78,13 @@ def compress_captures(
 
     if not paths:
         raise SeqkvError("no captures to compress")
+    if layout not in LAYOUTS:
+        raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     coder = resolve_codec(codec)
+    if layout == "trie" and supports_trie(coder):
+        from seqkv_cli.skv.compress_trie import compress_trie
+
+        return compress_trie(paths, Path(out), coder, check, model, on_progress)
     canon, header_model = None, None
     if isinstance(coder, SessionCodec):
         canon, header_model = _load_canonical(model)

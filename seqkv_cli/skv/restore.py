@@ -27,7 +27,14 @@ class Archive:
             raise SeqkvError(f"no such file: {self.path}")
         self.reader = open_container(self.path)
         header = self.reader.header
+        self.trie = None
         self.sessions: list[dict] = header["sessions"]
+        if "trie" in header:
+            from seqkv_cli.trie import store
+
+            self.trie = store.load(self.reader, self.path)
+            sizes = {s.name: s.length for s in self.reader.sections}
+            self.sessions = store.entries(self.trie, sizes)
         for entry in self.sessions:
             _check_entry(self.path, entry)
         self.model: dict = header["model"] or {}
@@ -36,6 +43,7 @@ class Archive:
             raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
         self.codec = resolve_codec(pipeline[0])
         self._model_spec, self._canon = model, None
+        self._parts: dict[str, bytes] = {}
 
     @property
     def needs_model(self) -> bool:
@@ -103,6 +111,9 @@ class Archive:
         Model-backed sessions are decoded `batch` at a time in lockstep (one model pass per
         position for all of them); a damaged session does not stop the others.
         """
+        if self.trie is not None:
+            yield from self._restore_trie(entries)
+            return
         if not self.needs_model:
             for entry in entries:
                 yield entry, self._with_meta(entry, self._restore_pervector(entry))
@@ -115,6 +126,49 @@ class Archive:
                 if isinstance(result, Exception):  # name the file and session
                     result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
                 yield entry, self._with_meta(entry, result)
+
+    def read_part(self, segment: int, part: str) -> bytes:
+        """A trie segment's shared part (tokens, kv...), read and checked once."""
+        from seqkv_cli.trie.store import part_name
+
+        name = part_name(segment, part)
+        if name not in self._parts:
+            known = {s.name for s in self.reader.sections}
+            self._parts[name] = self.reader.read_section(name) if name in known else b""
+        return self._parts[name]
+
+    def _restore_trie(self, entries: list[dict]):
+        """Sessions of a trie archive, as they finish (only their nodes are decoded)."""
+        from seqkv_cli.trie.decode import NodeSource, restore
+
+        reads = {e["index"]: self._session_reader(e) for e in entries}
+        by_index = {e["index"]: e for e in entries}
+        if self.needs_model:
+            canon = self.canonical()
+            precision = getattr(self.codec, "precision_bits", 24)
+            source = NodeSource(self.trie, self.read_part, canon.vocab_size, precision)
+            results = restore(self.trie, list(by_index), source, self.codec, canon, by_index, reads)
+        else:
+            from seqkv_cli.trie.pervector import restore_pervector
+
+            results = restore_pervector(self, list(by_index), reads)
+        for s, result in results:
+            entry = by_index[s]
+            if isinstance(result, Exception):
+                result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
+            yield entry, self._with_meta(entry, result)
+
+    def _session_reader(self, entry: dict):
+        from seqkv_cli.trie.store import session_part
+
+        where = entry["trie"]
+        owned = set(entry["sections"])
+
+        def read(part: str) -> bytes | None:
+            name = session_part(where["segment"], where["local"], part)
+            return self.reader.read_section(name) if name in owned else None
+
+        return read
 
     def _with_meta(self, entry: dict, restored):
         if not isinstance(restored, Exception):

@@ -34,7 +34,14 @@ from seqkv_cli.container import (
     open_container,
     write_container,
 )
-from seqkv_cli.container.format import SLOT_OFFSETS, SUPERBLOCK_SIZE, Slot, crc32c, encode_slot
+from seqkv_cli.container.format import (
+    FORMAT_MINOR,
+    SLOT_OFFSETS,
+    SUPERBLOCK_SIZE,
+    Slot,
+    crc32c,
+    encode_slot,
+)
 from seqkv_cli.errors import SeqkvError
 
 BIG = np.random.default_rng(7).bytes(3 * 1024 * 1024 + 17)
@@ -127,7 +134,7 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
     assert result.generation == 1
     assert leftovers(tmp_path) == ["a.skv"]
     with open_container(path) as container:
-        assert container.version == (1, 0)
+        assert container.version == (1, FORMAT_MINOR)
         assert container.generation == 1
         assert json.dumps(container.header) == json.dumps(header)  # same values, same order
         assert container.header["meta"]["big"] == 2**70

@@ -51,7 +51,7 @@ def test_canonical_capture_restores_exactly_with_empty_residual(caps, tiny_lm, t
 
 def test_seq_costs_about_the_surprisal(caps, tiny_lm, tmp_path):
     paths, _ = caps
-    compress_captures(paths[:1], tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    compress_captures(paths[:1], tmp_path / "x.skv", codec="seq", model=tiny_lm, layout="flat")
     cap = load_capture(paths[0])
     with Archive(tmp_path / "x.skv", model=tiny_lm) as arc:
         entry = arc.sessions[0]
@@ -93,7 +93,7 @@ def test_corrupt_token_chunk_is_named_and_other_sessions_decode(caps, tiny_lm, t
     from seqkv_cli.container import open_container, write_container
 
     paths, _ = caps
-    compress_captures(paths, tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    compress_captures(paths, tmp_path / "x.skv", codec="seq", model=tiny_lm, layout="flat")
     with open_container(tmp_path / "x.skv") as reader:
         header = reader.header
         sections = {e.name: bytearray(reader.read_section(e.name)) for e in reader.sections}
@@ -123,7 +123,7 @@ def test_embedded_model_seq_round_trip_is_exact_and_near_log2_ppl(embedded_lm, t
         [str(SAMPLE_DATA / "prose.txt")], model=embedded_lm, out=tmp_path, max_tokens=300
     )
     out = compress_captures(
-        [res.path], tmp_path / "p.skv", codec="seq", model=embedded_lm, check=False
+        [res.path], tmp_path / "p.skv", codec="seq", model=embedded_lm, check=False, layout="flat"
     )
     assert "residual" not in out.part_bytes
     with Archive(tmp_path / "p.skv", model=embedded_lm) as arc:

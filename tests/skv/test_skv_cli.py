@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from seqkv_cli import capture, load_capture
 from seqkv_cli.cli import app
+from seqkv_cli.skv.restore import Archive
 
 runner = CliRunner()
 LOSSY_REL_L2 = {"int8": 0.02, "kivi4": 0.15, "kivi2": 0.5, "turbo4": 0.12, "turbo3": 0.22}
@@ -75,7 +76,7 @@ def test_lossy_codecs_stay_within_their_error(captures, tmp_path, codec):
 
 def test_info_reports_parts_and_bits(captures, tmp_path):
     skv = tmp_path / "x.skv"
-    invoke("compress", *captures, "-o", skv, "--codec", "int8")
+    invoke("compress", *captures, "-o", skv, "--codec", "int8", "--layout", "flat")
     result = invoke("info", skv)
     assert result.exit_code == 0, result.output
     for fragment in (
@@ -87,6 +88,11 @@ def test_info_reports_parts_and_bits(captures, tmp_path):
         "int8",
         "vs fp16",
     ):
+        assert fragment in result.stdout, fragment
+    invoke("compress", *captures, "-o", tmp_path / "t.skv", "--codec", "int8")
+    result = invoke("info", tmp_path / "t.skv")
+    assert result.exit_code == 0, result.output
+    for fragment in ("trie tables", "kv", "tokens", "surprisal", "int8"):
         assert fragment in result.stdout, fragment
 
 
@@ -113,7 +119,7 @@ def test_bad_containers_give_one_line(captures, tmp_path):
     flipped[200] ^= 0x10  # inside the first section's payload
     (tmp_path / "flip.skv").write_bytes(bytes(flipped))
     result = invoke("decompress", tmp_path / "flip.skv", "-o", tmp_path / "never")
-    assert_error(result, "s0/")
+    assert_error(result, "section 't1/")
     assert not list((tmp_path / "never").glob("*.safetensors"))
     assert_error(invoke("info", tmp_path / "missing.skv"), "no such file")
 
@@ -163,7 +169,7 @@ def test_container_header_describes_itself(captures, tmp_path):
     from seqkv_cli.container import open_container
 
     skv = tmp_path / "x.skv"
-    invoke("compress", *captures, "-o", skv, "--codec", "kivi2")
+    invoke("compress", *captures, "-o", skv, "--codec", "kivi2", "--layout", "flat")
     with open_container(skv) as reader:
         header = reader.header
     assert header["pipeline"][0]["id"] == "kivi2"
@@ -173,6 +179,14 @@ def test_container_header_describes_itself(captures, tmp_path):
     assert session["numeric_path"].startswith("canonical")
     assert len(header["model"]["fingerprint"]) == 64
     json.dumps(header)  # plain JSON all the way down
+    # the trie layout keeps sessions in binary tables; the reader presents the same entries
+    invoke("compress", *captures, "-o", tmp_path / "t.skv", "--codec", "kivi2")
+    with open_container(tmp_path / "t.skv") as reader:
+        assert reader.header["sessions"] == [] and reader.header["trie"] == {"version": 1}
+    with Archive(tmp_path / "t.skv") as arc:
+        assert [e["id"] for e in arc.sessions] == ["a", "b"]
+        assert arc.sessions[0]["shapes"] == session["shapes"]
+        assert arc.sessions[0]["numeric_path"] == session["numeric_path"]
 
 
 @pytest.mark.model

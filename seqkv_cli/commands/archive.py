@@ -1,0 +1,119 @@
+"""`seqkv archive add|list|extract|compact` and `seqkv resume`: an archive of agent memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes
+from seqkv_cli.commands.capture import ModelOption
+from seqkv_cli.errors import SeqkvError
+
+archive_app = typer.Typer(
+    help="Multi-session archives: add sessions, list, extract one, compact.",
+    no_args_is_help=True,
+)
+ArchiveArg = Annotated[Path, typer.Argument(help="The .skv archive.")]
+
+
+def _waiting() -> None:
+    err_console.print("another seqkv process is writing this archive; waiting for it")
+
+
+@archive_app.command("add")
+@handle_errors
+def add_command(
+    archive: ArchiveArg,
+    captures: Annotated[list[Path], typer.Argument(help="Capture files to append.")],
+    model: ModelOption = None,
+) -> None:
+    """Append sessions; only tokens no earlier session has at the same prefix are coded."""
+    from seqkv_cli.trie.append import add_captures
+
+    res = add_captures(archive, list(captures), model=model, on_wait=_waiting)
+    console.print(
+        f"added {res.sessions} session(s), {res.positions:,} positions, {res.new_tokens:,} new "
+        f"tokens: +{human_bytes(res.added_bytes)} -> {human_bytes(res.file_bytes)}"
+    )
+
+
+@archive_app.command("list")
+@handle_errors
+def list_command(archive: ArchiveArg) -> None:
+    """Sessions: id, tokens, bytes of their own, and how much prefix they share."""
+    from seqkv_cli.trie.summary import session_rows
+
+    rows, note = session_rows(archive)
+    table = Table(title=f"{archive}: {len(rows)} session(s)")
+    for col in ("id", "tokens", "own bytes", "shared prefix", "segment"):
+        table.add_column(col, justify="left" if col == "id" else "right")
+    for r in rows:
+        table.add_row(
+            r["id"],
+            f"{r['positions']:,}",
+            human_bytes(r["own_bytes"]),
+            f"{r['shared_prefix']:,}",
+            str(r["segment"]),
+        )
+    console.print(table)
+    if note:
+        console.print(note)
+
+
+@archive_app.command("extract")
+@handle_errors
+def extract_command(
+    archive: ArchiveArg,
+    session_id: Annotated[str, typer.Argument(help="The session id.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Capture file to write.")],
+    model: ModelOption = None,
+) -> None:
+    """Restore one session (only the nodes on its path are decoded) as a capture file."""
+    from seqkv_cli.fsutil import ensure_writable_dir
+    from seqkv_cli.kvcapture.capture_file import save_capture
+    from seqkv_cli.skv.restore import Archive
+
+    if out.is_dir():
+        raise SeqkvError(f"{out} is a directory; give the capture file's name")
+    ensure_writable_dir(out.parent)
+    with Archive(archive, model=model) as arc:
+        restored = arc.restore(arc.session(session_id))
+    size = save_capture(restored, out)
+    console.print(f"{session_id}: {restored.positions:,} positions -> {out} ({human_bytes(size)})")
+
+
+@archive_app.command("compact")
+@handle_errors
+def compact_command(archive: ArchiveArg, model: ModelOption = None) -> None:
+    """Rewrite the archive as one trie (folds appended segments; converts flat files)."""
+    from seqkv_cli.trie.compact import compact
+
+    before = archive.stat().st_size if archive.is_file() else 0
+    res = compact(archive, model=model, on_wait=_waiting)
+    console.print(
+        f"{archive}: {res.sessions} session(s), {human_bytes(before)} -> "
+        f"{human_bytes(res.file_bytes)}"
+    )
+
+
+@handle_errors
+def resume_command(
+    archive: ArchiveArg,
+    session_id: Annotated[str, typer.Argument(help="The session id.")],
+    prompt: Annotated[str, typer.Option(help="Text appended after the session.")] = "",
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=4096)] = 64,
+    model: ModelOption = None,
+) -> None:
+    """Restore a session into a transformers cache and continue it greedily."""
+    from seqkv_cli.runtime.loading import load_model
+    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.trie.resume import continue_from
+
+    lm = load_model(model)
+    with Archive(archive, model=lm) as arc:
+        restored = arc.restore(arc.session(session_id))
+    new = continue_from(lm, restored, prompt, max_new_tokens)
+    console.print(lm.tokenizer.decode(new), highlight=False, markup=False)

@@ -1,0 +1,97 @@
+"""`compress` into a trie archive: shared prefixes stored once, every session verified."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+
+
+def compress_trie(paths: list[Path], out: Path, coder, check: bool, model, on_progress):
+    from seqkv_cli.runtime.loading import LoadedModel, load_model
+    from seqkv_cli.sequential.session_codecs import SessionCodec
+    from seqkv_cli.skv.compress import CompressResult, _same_model, _writer_version
+    from seqkv_cli.trie import write
+    from seqkv_cli.trie.plan import Trie
+    from seqkv_cli.trie.sources import Source
+
+    sources, seen, header_model = [], set(), None
+    for path in paths:
+        src = Source.from_path(path)
+        header_model = _same_model(header_model, src, path)
+        if src.session_id in seen:
+            raise SeqkvError(f"two captures have session id '{src.session_id}' ({path})")
+        seen.add(src.session_id)
+        sources.append(src)
+    lm = canon = None
+    if isinstance(coder, SessionCodec):
+        from seqkv_cli.skv.compress import _load_canonical
+
+        lm = model if isinstance(model, LoadedModel) else load_model(model)
+        canon, ident = _load_canonical(lm)
+        if ident["fingerprint"] != header_model["fingerprint"]:
+            raise SeqkvError(
+                f"{paths[0]} comes from a different model ({header_model['fingerprint'][:12]} "
+                f"vs the loaded {ident['fingerprint'][:12]}); pass --model with the capture's model"
+            )
+        header_model = ident
+    trie = Trie()
+    ends = write.plan(trie, sources)
+    build = write.build_segment(trie, 0, sources, ends, coder, canon, on_progress)
+    meta = {
+        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "writer": _writer_version(),
+    }
+    try:
+        file_bytes = write.write_new(out, build, coder, header_model, meta)
+        if check:
+            verify_against(write.staging(out), sources, coder, lm)
+        write.publish(out)
+    except BaseException:
+        write.discard(out)
+        raise
+    result = CompressResult(out, len(sources), sum(len(s.tokens) for s in sources))
+    result.input_kv_bytes = sum(_kv_bytes(s.meta, len(s.tokens)) for s in sources)
+    result.file_bytes = file_bytes
+    for kind in ("tokens", "residual", "kv", "surprisal"):
+        if n := build.bytes_of(kind):
+            result.part_bytes[kind] = n
+    result.part_bytes["trie tables"] = len(build.parts["index"])
+    result.part_bytes["header"] = file_bytes - sum(len(d) for d in build.parts.values())
+    return result
+
+
+def verify_against(path: Path, sources, coder, lm) -> None:
+    """Restore every session of `path` and compare it with its capture; refuse on any miss."""
+    from seqkv_cli.skv.compress import same_capture, within_tolerance
+    from seqkv_cli.skv.restore import Archive
+
+    by_id = {s.session_id: s for s in sources}
+    with Archive(path, model=lm) as arc:
+        for entry, restored in arc.restore_many(arc.sessions):
+            if isinstance(restored, Exception):
+                raise SeqkvError(f"verification failed, nothing written: {restored}")
+            cap = by_id[entry["id"]].load()
+            ok = (
+                same_capture(cap, restored)
+                if coder.lossless
+                else within_tolerance(cap, restored, getattr(coder, "tolerance", None))
+            )
+            if not ok:
+                raise SeqkvError(
+                    f"session {entry['id']} did not round-trip through {coder.codec_id}; "
+                    "nothing written"
+                )
+
+
+def _kv_bytes(meta: dict, positions: int) -> int:
+    size = {"bf16": 2, "fp16": 2, "fp32": 4}.get(meta.get("dtype"), 2)
+    return (
+        2
+        * positions
+        * size
+        * int(meta["num_layers"])
+        * int(meta["num_kv_heads"])
+        * int(meta["head_dim"])
+    )

@@ -1,0 +1,1 @@
+"""Token trie: shared prefixes across sessions stored once (DESIGN.md §2, Layer 1)."""

@@ -1,0 +1,194 @@
+"""Encoding one trie segment for the model-backed codecs (`seq`, `seq-fast`).
+
+The walk runs the model once per node, from a fork of its parent's state: a shared prefix is
+computed once however many sessions share it. `seq` codes each new node's tokens under the
+rows that walk produces; `seq-fast` codes all new tokens of the segment with one static rANS
+table. A session's residual compares its captured K/V with what the trie reproduces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.capture_file import DTYPES
+from seqkv_cli.sequential.adapter import CanonicalLogits
+from seqkv_cli.sequential.session_codecs import EncodedSession, _bits
+from seqkv_cli.trie.plan import Trie
+from seqkv_cli.trie.runs import Run, fork_track, prefill, session_kv
+from seqkv_cli.trie.sources import Source, ppl_milli, profiles_for
+from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord
+
+
+@dataclass
+class SegmentBuild:
+    """A segment ready to write: its tables and parts (names relative to ``t<k>/``)."""
+
+    tables: SegmentTables
+    parts: dict[str, bytes] = field(default_factory=dict)
+    token_bits_ideal: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def bytes_of(self, kind: str) -> int:
+        return sum(len(d) for n, d in self.parts.items() if n.split("/")[-1].startswith(kind))
+
+
+def session_records(sources: list[Source], ends: list[tuple[int, int]]) -> SegmentTables:
+    """Tables with the sessions filled in (nodes are added by the codec's encoder)."""
+    profiles, profile_of, extras = profiles_for(sources)
+    records = [
+        SessionRecord(src.session_id, node, end, 0, profile_of[i], extras[i])
+        for i, (src, (node, end)) in enumerate(zip(sources, ends, strict=True))
+    ]
+    return SegmentTables([], records, profiles)
+
+
+def check_session(coder, build: SegmentBuild, local: int, cap, keys, values, surprisal) -> None:
+    """Residual of one session against the K/V the trie reproduces, and its stored extras."""
+    out = EncodedSession({}, 0.0)
+    for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
+        for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
+            coder._residual(out, f"layers.{layer}.{kind}", _bits(a), _bits(b), cap)
+    if surprisal is not None and not torch.equal(surprisal, cap.surprisal.double()):
+        out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
+        build.notes.append(f"{cap.session_id}: surprisal differs from recomputation; stored")
+    for name, data in out.parts.items():
+        build.parts[f"s{local}/{name}"] = data
+    build.tables.sessions[local].log2_ppl_milli = ppl_milli(cap.surprisal)
+
+
+def encode_model_segment(
+    trie: Trie,
+    first_new: int,
+    sources: list[Source],
+    ends: list[tuple[int, int]],
+    coder,
+    canon,
+    on_progress=None,
+) -> SegmentBuild:
+    """Walk the nodes this segment needs; code its new nodes; check its sessions."""
+    build = SegmentBuild(session_records(sources, ends))
+    adapter = CanonicalLogits(canon)
+    by_node: dict[int, list[int]] = {}
+    for local, (node, _) in enumerate(ends):
+        by_node.setdefault(node, []).append(local)
+    needed = set(range(first_new, len(trie.nodes)))
+    for node in list(needed | set(by_node)):
+        while node >= 0:
+            needed.add(node)
+            node = trie.nodes[node].parent
+    coded: dict[int, tuple[bytes, float]] = {}
+    sequential = coder.codec_id == "seq"
+    dtype_of = {local: DTYPES[src.meta["dtype"]] for local, src in enumerate(sources)}
+
+    def visit(run: Run) -> None:
+        if sequential and run.node >= first_new:
+            coded[run.node] = _code_node(run, adapter, coder.precision_bits)
+        else:
+            prefill(adapter, run)
+        for local in by_node.get(run.node, []):
+            cap = sources[local].load()
+            end = ends[local][1]
+            keys, values, surprisal = session_kv(run, end, dtype_of[local], canon.num_layers)
+            check_session(coder, build, local, cap, keys, values, surprisal)
+            if on_progress:
+                on_progress(cap.positions)
+
+    walk(trie, needed, adapter, visit)
+    for index in range(first_new, len(trie.nodes)):
+        node = trie.nodes[index]
+        payload, bits = coded.get(index, (b"", 0.0))
+        build.token_bits_ideal += bits
+        build.tables.nodes.append(
+            Node(node.parent, node.attach, len(node.tokens), len(payload), _check(node.tokens))
+        )
+    new_tokens = [trie.nodes[i].tokens for i in range(first_new, len(trie.nodes))]
+    if sequential:
+        build.parts["tokens"] = b"".join(coded[i][0] for i in range(first_new, len(trie.nodes)))
+    else:
+        build.parts["tokens"] = _static_tokens(new_tokens, canon.vocab_size, build)
+    return build
+
+
+def walk(trie: Trie, needed: set[int], adapter: CanonicalLogits, visit) -> None:
+    """Depth first over `needed` nodes, each run from a fork of its parent's run."""
+    kids: dict[int, list[int]] = {}
+    for n in sorted(needed):
+        kids.setdefault(trie.nodes[n].parent, []).append(n)
+    stack: list[tuple[Run | None, list[int]]] = [(None, list(reversed(kids.get(-1, []))))]
+    while stack:
+        parent, todo = stack[-1]
+        if not todo:
+            stack.pop()  # the parent's state is released here
+            continue
+        n = todo.pop()
+        node = trie.nodes[n]
+        capacity = node.start + len(node.tokens)
+        if parent is None:
+            track, row, prefix = adapter.start(capacity), None, np.zeros(0, np.int64)
+        else:
+            row = parent.rows[node.attach]
+            track = fork_track(adapter, parent.track, node.start, capacity, row)
+            prefix = parent.all_tokens(node.attach)
+        run = Run(n, node.start, prefix, node.tokens, len(node.tokens), track, row)
+        run.want_rows = {trie.nodes[c].attach for c in kids.get(n, [])}
+        visit(run)
+        adapter.tracks.clear()  # runs hold their tracks; the adapter must not pin them
+        stack.append((run, list(reversed(kids.get(n, [])))))
+
+
+def _code_node(run: Run, adapter: CanonicalLogits, precision: int) -> tuple[bytes, float]:
+    """Prefill the node and range-code its tokens under the rows that prefill produces."""
+    from seqkv_codecs.sequential.node_stream import encode_node, intervals
+    from seqkv_codecs.sequential.probability import frequencies_from_logits
+    from seqkv_codecs.sequential.token_coder import _uniform_row
+
+    tokens, n = run.tokens, run.n_tokens
+    first = (
+        _uniform_row(adapter.vocab_size, precision)[None]
+        if run.first_row is None
+        else frequencies_from_logits(run.first_row.numpy()[None], precision)
+    )
+    lows, freqs = [], []
+    low, freq = intervals(first, tokens[:1])
+    lows.append(low)
+    freqs.append(freq)
+
+    def on_rows(s: int, logits: torch.Tensor) -> None:
+        valid = min(len(logits), n - 1 - s)
+        if valid > 0:
+            f = frequencies_from_logits(logits[:valid].numpy(), precision)
+            lo, fr = intervals(f, tokens[s + 1 : s + 1 + valid])
+            lows.append(lo)
+            freqs.append(fr)
+
+    prefill(adapter, run, on_rows)
+    low, freq = np.concatenate(lows), np.concatenate(freqs)
+    bits = float((precision - np.log2(freq.astype(np.float64))).sum())
+    return encode_node(low, freq, precision), bits
+
+
+def _check(tokens: np.ndarray) -> int:
+    from seqkv_codecs.sequential.node_stream import token_check
+
+    return token_check(tokens)
+
+
+def _static_tokens(token_runs: list[np.ndarray], vocab: int, build: SegmentBuild) -> bytes:
+    """All new tokens of the segment under one static rANS table (seq-fast, per-vector)."""
+    from seqkv_codecs.entropy import encode_symbols
+
+    tokens = np.concatenate(token_runs) if token_runs else np.zeros(0, np.int64)
+    counts = np.bincount(tokens, minlength=vocab)
+    p = counts[counts > 0] / max(len(tokens), 1)
+    build.token_bits_ideal += float(-(counts[counts > 0] * np.log2(p)).sum())
+    return encode_symbols(tokens, vocab) if len(tokens) else b""
+
+
+def refuse_empty(sources: list[Source]) -> None:
+    for src in sources:
+        if len(src.tokens) == 0:
+            raise SeqkvError(f"session {src.session_id} has no tokens; nothing to archive")

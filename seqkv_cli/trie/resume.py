@@ -1,0 +1,45 @@
+"""`seqkv resume`: a session restored into a transformers cache, then generation goes on."""
+
+from __future__ import annotations
+
+import torch
+
+from seqkv_cli.errors import SeqkvError
+
+
+def continue_from(lm, capture, prompt: str, max_new_tokens: int) -> list[int]:
+    """Greedy continuation of `capture` followed by `prompt`, from its cache (no re-prefill)."""
+    from seqkv_cli.kvcapture.capture_file import to_dynamic_cache
+
+    if capture.positions == 0:
+        raise SeqkvError("the session is empty; there is nothing to resume")
+    prompt_ids = lm.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    if capture.positions + len(prompt_ids) + max_new_tokens > lm.config.max_position_embeddings:
+        raise SeqkvError("the session, prompt and new tokens exceed the model's context")
+    ids = torch.cat([capture.tokens.long(), prompt_ids.long()])
+    if len(prompt_ids) == 0:
+        # generate() needs at least one uncached token: re-feed the session's last one.
+        capture = _drop_last(capture)
+    cache = to_dynamic_cache(capture, dtype=torch.float32)
+    with torch.no_grad():
+        out = lm.model.generate(
+            ids[None],
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            cache=cache,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=lm.tokenizer.eos_token_id or 0,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def _drop_last(capture):
+    from seqkv_cli.kvcapture.capture_file import Capture
+
+    return Capture(
+        capture.tokens[:-1],
+        [k[:, :-1] for k in capture.keys],
+        [v[:, :-1] for v in capture.values],
+        capture.surprisal[:-1],
+        capture.meta,
+    )

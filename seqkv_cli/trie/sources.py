@@ -1,0 +1,103 @@
+"""Sessions going into a trie: token ids up front, K/V only when their turn comes.
+
+Planning a trie needs every session's tokens; checking a session's K/V needs its tensors,
+one session at a time. Loading lazily keeps a 100-session compress at one capture in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.skv.layout import _STORED_ELSEWHERE
+from seqkv_cli.trie.tables import NO_PPL
+
+
+@dataclass
+class Source:
+    session_id: str
+    meta: dict
+    tokens: np.ndarray  # int64
+    path: Path | None = None
+    capture: object | None = None  # an in-memory Capture instead of a file
+
+    @classmethod
+    def from_path(cls, path: Path) -> Source:
+        from seqkv_cli.kvcapture.capture_file import load_capture_tokens
+
+        meta, tokens = load_capture_tokens(path)
+        return cls(meta.get("session_id", "session"), meta, tokens.numpy().astype(np.int64), path)
+
+    @classmethod
+    def from_capture(cls, cap) -> Source:
+        return cls(cap.session_id, cap.meta, cap.tokens.numpy().astype(np.int64), None, cap)
+
+    def load(self):
+        if self.capture is not None:
+            return self.capture
+        from seqkv_cli.kvcapture.capture_file import load_capture
+
+        cap = load_capture(self.path)
+        if not np.array_equal(cap.tokens.numpy(), self.tokens):
+            raise SeqkvError(f"{self.path} changed while it was being compressed")
+        return cap
+
+
+def profile_key(meta: dict) -> tuple:
+    return (
+        meta.get("dtype"),
+        meta.get("numeric_path", "unknown"),
+        int(meta.get("num_layers", 0)),
+        int(meta.get("num_kv_heads", 0)),
+        int(meta.get("head_dim", 0)),
+    )
+
+
+def _plain_meta(meta: dict) -> dict:
+    return {
+        k: v
+        for k, v in meta.items()
+        if isinstance(v, str | int | float | dict) and k not in _STORED_ELSEWHERE
+    }
+
+
+def profiles_for(sources: list[Source]) -> tuple[list[dict], list[int], list[dict]]:
+    """Profiles (what sessions share), each session's profile index and its own extras.
+
+    Metadata equal across a profile's sessions is stored once; what differs (the source
+    path, the capture time) stays per session, and is compressed with the session names.
+    """
+    keys: list[tuple] = []
+    index_of = []
+    for src in sources:
+        key = profile_key(src.meta)
+        if key not in keys:
+            keys.append(key)
+        index_of.append(keys.index(key))
+    profiles, extras = [], [dict() for _ in sources]
+    for p, key in enumerate(keys):
+        members = [i for i, k in enumerate(index_of) if k == p]
+        metas = [_plain_meta(sources[i].meta) for i in members]
+        common = {k: v for k, v in metas[0].items() if all(m.get(k) == v for m in metas[1:])}
+        for i, m in zip(members, metas, strict=True):
+            extras[i] = {k: v for k, v in m.items() if k not in common}
+        dtype, numeric_path, layers, heads, head_dim = key
+        profiles.append(
+            {
+                "dtype": dtype,
+                "numeric_path": numeric_path,
+                "shapes": {"num_layers": layers, "num_kv_heads": heads, "head_dim": head_dim},
+                "capture_meta": common,
+            }
+        )
+    return profiles, index_of, extras
+
+
+def ppl_milli(surprisal) -> int:
+    """log2 PP in thousandths of a bit, as the session table stores it."""
+    if surprisal.numel() == 0:
+        return NO_PPL
+    return min(round(float(surprisal.mean()) * 1000), NO_PPL - 1)

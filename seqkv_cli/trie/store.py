@@ -1,0 +1,133 @@
+"""A trie archive on disk: segments of node/session tables, token streams and K/V blocks.
+
+Each commit (compress, or one `archive add`) writes one segment ``t<k>/``:
+``t<k>/index`` (binary tables, tables.py), ``t<k>/tokens`` (the segment's token payloads),
+``t<k>/kv`` and ``t<k>/surprisal`` (per-vector codecs only) and, only where a session's own
+K/V is not what the trie reproduces, ``t<k>/s<j>/residual.layers.<i>.<key|value>``. Nodes and
+sessions are numbered across segments in commit order, so a later segment may branch off any
+earlier node without touching it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.trie.tables import NO_PPL, Node, SessionRecord, decode_tables
+
+TRIE_VERSION = 1
+_SEGMENT = re.compile(r"^t(\d+)/index$")
+
+
+def part_name(segment: int, part: str) -> str:
+    return f"t{segment}/{part}"
+
+
+def session_part(segment: int, local: int, part: str) -> str:
+    return f"t{segment}/s{local}/{part}"
+
+
+@dataclass
+class TrieContents:
+    nodes: list[Node]
+    sessions: list[SessionRecord]
+    locals: list[int]  # each session's index within its segment
+    profiles: dict[tuple[int, int], dict]  # (segment, profile) -> profile
+    segments: list[int]
+    kv_blocks: int
+
+
+def load(reader, path: Path, max_context: int | None = None) -> TrieContents:
+    """Read and cross-check every segment's tables (no token is decoded)."""
+    segments = sorted(int(m.group(1)) for s in reader.sections if (m := _SEGMENT.match(s.name)))
+    if segments != list(range(1, len(segments) + 1)):
+        raise SeqkvError(f"{path}: trie segments are missing or out of order: {segments}")
+    nodes: list[Node] = []
+    sessions: list[SessionRecord] = []
+    locals_: list[int] = []
+    profiles: dict[tuple[int, int], dict] = {}
+    kv_blocks = None
+    for k in segments:
+        where = f"{path} segment {k}"
+        tables = decode_tables(reader.read_section(part_name(k, "index")), len(nodes), where)
+        if kv_blocks is not None and tables.kv_blocks != kv_blocks:
+            raise SeqkvError(f"{where}: K/V block count differs from earlier segments")
+        kv_blocks = tables.kv_blocks
+        payload = kv = tokens = 0
+        for node in tables.nodes:
+            node.segment, node.payload_offset, node.kv_offset = k, payload, kv
+            node.token_offset = tokens
+            payload, kv, tokens = (
+                payload + node.payload,
+                kv + sum(node.kv_lengths),
+                tokens + node.n_tokens,
+            )
+            if node.parent >= 0:
+                parent = nodes[node.parent] if node.parent < len(nodes) else None
+                if parent is None or not 1 <= node.attach <= parent.n_tokens:
+                    raise SeqkvError(f"{where}: a node branches off outside its parent")
+                node.start = parent.start + node.attach
+            elif node.attach:
+                raise SeqkvError(f"{where}: a root node claims a branch point")
+            if node.n_tokens == 0 or (max_context and node.stop > max_context):
+                raise SeqkvError(f"{where}: a node has an impossible length")
+            nodes.append(node)
+        for j, rec in enumerate(tables.sessions):
+            end_node = nodes[rec.end_node]
+            rec.end = end_node.n_tokens if rec.end < 0 else rec.end
+            if not 1 <= rec.end <= end_node.n_tokens:
+                raise SeqkvError(f"{where}: session {rec.id!r} ends outside its node")
+            rec.segment = k
+            sessions.append(rec)
+            locals_.append(j)
+        for i, profile in enumerate(tables.profiles):
+            profiles[(k, i)] = profile
+    ids = [s.id for s in sessions]
+    if len(set(ids)) != len(ids):
+        raise SeqkvError(f"{path}: a session id appears twice in the trie")
+    return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0)
+
+
+def entries(contents: TrieContents, section_sizes: dict[str, int]) -> list[dict]:
+    """Session entries in the shape the flat layout's header holds (restore, info, report)."""
+    out = []
+    for index, (rec, local) in enumerate(zip(contents.sessions, contents.locals, strict=True)):
+        profile = contents.profiles.get((rec.segment, rec.profile))
+        if not isinstance(profile, dict) or not isinstance(profile.get("shapes"), dict):
+            raise SeqkvError(f"session {rec.id!r}: its profile is missing or malformed")
+        prefix = session_part(rec.segment, local, "")
+        node = contents.nodes[rec.end_node]
+        meta = dict(profile.get("capture_meta", {}), **rec.extra)
+        own = sorted(n for n in section_sizes if n.startswith(prefix))
+        out.append(
+            {
+                "id": rec.id,
+                "index": index,
+                "positions": node.start + rec.end,
+                "dtype": profile.get("dtype"),
+                "shapes": profile["shapes"],
+                "numeric_path": profile.get("numeric_path", "unknown"),
+                "log2_ppl": None if rec.log2_ppl_milli == NO_PPL else rec.log2_ppl_milli / 1000,
+                "capture_meta": meta,
+                "sections": own,
+                "residual_bytes": sum(section_sizes[n] for n in own if "/residual." in n),
+                "trie": {
+                    "node": rec.end_node,
+                    "end": rec.end,
+                    "segment": rec.segment,
+                    "local": local,
+                },
+            }
+        )
+    return out
+
+
+def chain(nodes: list[Node], node: int) -> list[int]:
+    """Node indices from the root down to `node`."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = nodes[node].parent
+    return out[::-1]
