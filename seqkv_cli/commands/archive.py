@@ -87,12 +87,18 @@ def extract_command(
 
 @archive_app.command("compact")
 @handle_errors
-def compact_command(archive: ArchiveArg, model: ModelOption = None) -> None:
+def compact_command(
+    archive: ArchiveArg,
+    model: ModelOption = None,
+    near_dup: Annotated[
+        bool, typer.Option("--near-dup", help="Store near-duplicate sessions as edits.")
+    ] = False,
+) -> None:
     """Rewrite the archive as one trie (folds appended segments; converts flat files)."""
     from seqkv_cli.trie.compact import compact
 
     before = archive.stat().st_size if archive.is_file() else 0
-    res = compact(archive, model=model, on_wait=_waiting)
+    res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup)
     console.print(
         f"{archive}: {res.sessions} session(s), {human_bytes(before)} -> "
         f"{human_bytes(res.file_bytes)}"

@@ -45,6 +45,14 @@ def compress_command(
             "'flat' codes each session on its own."
         ),
     ] = "trie",
+    near_dup: Annotated[
+        bool,
+        typer.Option(
+            "--near-dup",
+            help="seq/seq-fast trie: store sessions whose prefix differs from another's by a "
+            "small edit as edits of it (docs/BENCHMARKS.md, near-duplicate prefixes).",
+        ),
+    ] = False,
 ) -> None:
     """Compress captures into one self-describing .skv container."""
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
@@ -71,6 +79,7 @@ def compress_command(
             model=model,
             check=verify,
             layout=layout,
+            near_dup=near_dup,
             on_progress=lambda n: bar.advance(task, n),
         )
     bits = res.file_bytes * 8 / max(res.positions, 1)

@@ -64,6 +64,7 @@ def compress_captures(
     model=None,
     on_progress: Callable[[int], None] | None = None,
     layout: str = "trie",
+    near_dup: bool = False,
 ) -> CompressResult:
     """Encode every capture with `codec` and write the container atomically.
 
@@ -84,7 +85,9 @@ def compress_captures(
     if layout == "trie" and supports_trie(coder):
         from seqkv_cli.skv.compress_trie import compress_trie
 
-        return compress_trie(paths, Path(out), coder, check, model, on_progress)
+        return compress_trie(paths, Path(out), coder, check, model, on_progress, near_dup)
+    if near_dup:
+        raise SeqkvError("--near-dup needs the trie layout and a seq or seq-fast codec")
     canon, header_model = None, None
     if isinstance(coder, SessionCodec):
         canon, header_model = _load_canonical(model)

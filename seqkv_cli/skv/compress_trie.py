@@ -8,7 +8,9 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 
 
-def compress_trie(paths: list[Path], out: Path, coder, check: bool, model, on_progress):
+def compress_trie(
+    paths: list[Path], out: Path, coder, check: bool, model, on_progress, near_dup=False
+):
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.sequential.session_codecs import SessionCodec
     from seqkv_cli.skv.compress import CompressResult, _same_model, _writer_version
@@ -36,9 +38,16 @@ def compress_trie(paths: list[Path], out: Path, coder, check: bool, model, on_pr
                 f"vs the loaded {ident['fingerprint'][:12]}); pass --model with the capture's model"
             )
         header_model = ident
+    members = {}
+    if near_dup:
+        if canon is None:
+            raise SeqkvError("--near-dup needs a model-backed codec (seq or seq-fast)")
+        from seqkv_cli.trie.neardup_store import choose_members
+
+        members = choose_members(sources)
     trie = Trie()
-    ends = write.plan(trie, sources)
-    build = write.build_segment(trie, 0, sources, ends, coder, canon, on_progress)
+    ends = write.plan(trie, sources, members)
+    build = write.build_segment(trie, 0, sources, ends, coder, canon, on_progress, members=members)
     meta = {
         "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "writer": _writer_version(),

@@ -34,7 +34,7 @@ class Archive:
 
             self.trie = store.load(self.reader, self.path)
             sizes = {s.name: s.length for s in self.reader.sections}
-            self.sessions = store.entries(self.trie, sizes)
+            self.sessions = store.entries(self.trie, sizes, self.reader.read_section)
         for entry in self.sessions:
             _check_entry(self.path, entry)
         self.model: dict = header["model"] or {}
@@ -138,11 +138,48 @@ class Archive:
         return self._parts[name]
 
     def _restore_trie(self, entries: list[dict]):
-        """Sessions of a trie archive, as they finish (only their nodes are decoded)."""
+        """Sessions of a trie archive, as they finish (only their nodes are decoded).
+
+        A near-duplicate session needs its centroid's tokens: the centroid is restored too
+        (and yielded only if it was asked for).
+        """
+        wanted = {e["index"]: e for e in entries}
+        members = {i: e for i, e in wanted.items() if e["trie"].get("centroid") is not None}
+        base = {i: e for i, e in wanted.items() if i not in members}
+        for e in members.values():
+            c = e["trie"]["centroid"]
+            base.setdefault(c, self.sessions[c])
+            if self.sessions[c]["trie"].get("centroid") is not None:
+                raise SeqkvError(f"{self.path}: session {e['id']}'s centroid is itself an edit")
+        centroid_tokens = {}
+        for entry, result in self._restore_paths(base):
+            i = entry["index"]
+            if not isinstance(result, Exception):
+                centroid_tokens[i] = result.tokens.numpy()
+            if i in wanted:
+                yield entry, self._with_meta(entry, result)
+        for entry in members.values():
+            c = entry["trie"]["centroid"]
+            if c not in centroid_tokens:
+                result = SeqkvError(f"{self.path}: session {entry['id']}: its centroid failed")
+            else:
+                result = self._restore_member(entry, centroid_tokens[c])
+            yield entry, self._with_meta(entry, result)
+
+    def _restore_member(self, entry: dict, centroid_tokens):
+        from seqkv_cli.sequential.session_codecs import finish_capture
+        from seqkv_cli.trie.neardup_store import restore_member
+
+        try:
+            read = self._session_reader(entry)
+            return restore_member(entry, read, centroid_tokens, self.canonical(), finish_capture)
+        except SeqkvError as exc:
+            return SeqkvError(f"{self.path}: session {entry['id']}: {exc}")
+
+    def _restore_paths(self, by_index: dict[int, dict]):
         from seqkv_cli.trie.decode import NodeSource, restore
 
-        reads = {e["index"]: self._session_reader(e) for e in entries}
-        by_index = {e["index"]: e for e in entries}
+        reads = {i: self._session_reader(e) for i, e in by_index.items()}
         if self.needs_model:
             canon = self.canonical()
             precision = getattr(self.codec, "precision_bits", 24)
@@ -156,7 +193,7 @@ class Archive:
             entry = by_index[s]
             if isinstance(result, Exception):
                 result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
-            yield entry, self._with_meta(entry, result)
+            yield entry, result
 
     def _session_reader(self, entry: dict):
         from seqkv_cli.trie.store import session_part

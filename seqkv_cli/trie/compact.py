@@ -14,7 +14,7 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 
 
-def compact(path: Path, model=None, on_wait=None):
+def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
     from seqkv_cli.container import locked_for_append
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.skv.compress import compress_captures, supports_trie
@@ -41,7 +41,9 @@ def compact(path: Path, model=None, on_wait=None):
             files = decompress(path, Path(tmp), model=lm)
             by_id = {f.stem: f for f in files}
             ordered = [by_id[_stem(i)] for i in ids]
-            return compress_captures(ordered, path, codec=spec, model=lm, check=True)
+            return compress_captures(
+                ordered, path, codec=spec, model=lm, check=True, near_dup=near_dup
+            )
 
 
 def _stem(session_id: str) -> str:

@@ -33,7 +33,9 @@ class SegmentBuild:
     notes: list[str] = field(default_factory=list)
 
     def bytes_of(self, kind: str) -> int:
-        return sum(len(d) for n, d in self.parts.items() if n.split("/")[-1].startswith(kind))
+        """Bytes of parts named `kind...` (a near-duplicate's edits count as tokens)."""
+        kinds = (kind, "edits") if kind == "tokens" else (kind,)
+        return sum(len(d) for n, d in self.parts.items() if n.split("/")[-1].startswith(kinds))
 
 
 def session_records(sources: list[Source], ends: list[tuple[int, int]]) -> SegmentTables:
@@ -68,13 +70,20 @@ def encode_model_segment(
     coder,
     canon,
     on_progress=None,
+    members: dict[int, int] | None = None,
 ) -> SegmentBuild:
-    """Walk the nodes this segment needs; code its new nodes; check its sessions."""
+    """Walk the nodes this segment needs; code its new nodes; check its sessions.
+
+    `members` ({session: centroid session}) are stored as edits of their centroid
+    (neardup_store.py) instead of as trie paths.
+    """
+    members = members or {}
     build = SegmentBuild(session_records(sources, ends))
     adapter = CanonicalLogits(canon)
     by_node: dict[int, list[int]] = {}
     for local, (node, _) in enumerate(ends):
-        by_node.setdefault(node, []).append(local)
+        if local not in members:
+            by_node.setdefault(node, []).append(local)
     needed = set(range(first_new, len(trie.nodes)))
     for node in list(needed | set(by_node)):
         while node >= 0:
@@ -98,6 +107,10 @@ def encode_model_segment(
                 on_progress(cap.positions)
 
     walk(trie, needed, adapter, visit)
+    for local, centroid in sorted(members.items()):
+        _encode_member(build, local, centroid, sources, coder, adapter)
+        if on_progress:
+            on_progress(len(sources[local].tokens))
     for index in range(first_new, len(trie.nodes)):
         node = trie.nodes[index]
         payload, bits = coded.get(index, (b"", 0.0))
@@ -111,6 +124,22 @@ def encode_model_segment(
     else:
         build.parts["tokens"] = _static_tokens(new_tokens, canon.vocab_size, build)
     return build
+
+
+def _encode_member(build, local: int, centroid: int, sources, coder, adapter) -> None:
+    """A near-duplicate session: its edits against the centroid, checked by a prefill."""
+    from seqkv_cli.trie.neardup_store import encode_member
+    from seqkv_cli.trie.oracle import RowStream
+
+    src = sources[local]
+    build.parts[f"s{local}/edits"] = encode_member(
+        centroid, sources[centroid].tokens, src.tokens, adapter, coder.precision_bits
+    )
+    adapter.tracks.clear()
+    track = RowStream(adapter, src.tokens).finish()
+    keys, values = track.kv(adapter.canon.num_layers, DTYPES[src.meta["dtype"]])
+    check_session(coder, build, local, src.load(), keys, values, track.surprisal)
+    adapter.tracks.clear()
 
 
 def walk(trie: Trie, needed: set[int], adapter: CanonicalLogits, visit) -> None:

@@ -90,8 +90,11 @@ def load(reader, path: Path, max_context: int | None = None) -> TrieContents:
     return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0)
 
 
-def entries(contents: TrieContents, section_sizes: dict[str, int]) -> list[dict]:
-    """Session entries in the shape the flat layout's header holds (restore, info, report)."""
+def entries(contents: TrieContents, section_sizes: dict[str, int], read=None) -> list[dict]:
+    """Session entries in the shape the flat layout's header holds (restore, info, report).
+
+    `read(name)` reads a section: a near-duplicate session's length is in its edits part.
+    """
     out = []
     for index, (rec, local) in enumerate(zip(contents.sessions, contents.locals, strict=True)):
         profile = contents.profiles.get((rec.segment, rec.profile))
@@ -101,11 +104,18 @@ def entries(contents: TrieContents, section_sizes: dict[str, int]) -> list[dict]
         node = contents.nodes[rec.end_node]
         meta = dict(profile.get("capture_meta", {}), **rec.extra)
         own = sorted(n for n in section_sizes if n.startswith(prefix))
+        positions, centroid = node.start + rec.end, None
+        if prefix + "edits" in section_sizes and read is not None:
+            from seqkv_cli.trie.neardup_store import read_header
+
+            centroid, positions, _ = read_header(read(prefix + "edits"))
+            if not 0 <= centroid < len(contents.sessions) or centroid == index:
+                raise SeqkvError(f"session {rec.id!r} names a missing centroid")
         out.append(
             {
                 "id": rec.id,
                 "index": index,
-                "positions": node.start + rec.end,
+                "positions": positions,
                 "dtype": profile.get("dtype"),
                 "shapes": profile["shapes"],
                 "numeric_path": profile.get("numeric_path", "unknown"),
@@ -118,6 +128,7 @@ def entries(contents: TrieContents, section_sizes: dict[str, int]) -> list[dict]
                     "end": rec.end,
                     "segment": rec.segment,
                     "local": local,
+                    "centroid": centroid,
                 },
             }
         )

@@ -68,7 +68,9 @@ def session_costs(arc) -> list[dict]:
                 else:
                     own += per_token * (cut - lo)
                 lo = cut
-        residual = sum(sizes[name] for name in entry["sections"])
+        edits = sum(sizes[name] for name in entry["sections"] if name.endswith("/edits"))
+        own += edits  # a near-duplicate's tokens are its edits
+        residual = sum(sizes[name] for name in entry["sections"]) - edits
         costs.append(
             {
                 "tokens": own,

@@ -13,23 +13,40 @@ from seqkv_cli.trie.store import TRIE_VERSION, part_name
 from seqkv_cli.trie.tables import encode_tables
 
 
-def plan(trie: Trie, sources: list[Source]) -> list[tuple[int, int]]:
-    """Insert every session (longest first); each one's (end node, end offset)."""
+def plan(trie: Trie, sources: list[Source], members=None) -> list[tuple[int, int]]:
+    """Insert every session (longest first); each one's (end node, end offset).
+
+    Near-duplicate `members` (stored as edits) are not inserted: their path is only the
+    prefix they share exactly; one that shares nothing is inserted after all (and dropped
+    from `members`).
+    """
     refuse_empty(sources)
+    members = {} if members is None else members
     ends: list[tuple[int, int] | None] = [None] * len(sources)
     for i in insertion_order([len(s.tokens) for s in sources]):
-        node, end, _ = trie.insert(sources[i].tokens, i)
-        ends[i] = (node, end)
+        if i not in members:
+            node, end, _ = trie.insert(sources[i].tokens, i)
+            ends[i] = (node, end)
+    for i in sorted(members):
+        node, offset, matched = trie.longest_match(sources[i].tokens)
+        if matched == 0:
+            del members[i]
+            node, end, _ = trie.insert(sources[i].tokens, i)
+            ends[i] = (node, end)
+        else:
+            ends[i] = trie.normalise(node, offset)
     return ends
 
 
 def build_segment(
-    trie, first_new, sources, ends, coder, canon, on_progress, archived=None
+    trie, first_new, sources, ends, coder, canon, on_progress, archived=None, members=None
 ) -> SegmentBuild:
     from seqkv_cli.sequential.session_codecs import SessionCodec
 
     if isinstance(coder, SessionCodec):
-        build = encode_model_segment(trie, first_new, sources, ends, coder, canon, on_progress)
+        build = encode_model_segment(
+            trie, first_new, sources, ends, coder, canon, on_progress, members or {}
+        )
     else:
         from seqkv_cli.trie.pervector import encode_pervector_segment
 

@@ -327,3 +327,34 @@ def test_per_vector_trie_keeps_a_non_canonical_sessions_own_bits(tiny_lm, tmp_pa
     for p in paths:
         cap = load_capture(p)
         assert same_capture(cap, got[cap.session_id])
+
+
+def test_near_duplicate_members_are_stored_as_edits(tiny_lm, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    body = "Always answer in short sentences, cite the manual, never guess a rating. " * 4
+    texts = {
+        "c0": "You are a helpful assistant. " + body + "Q: pump?",
+        "c1": "You are a helpful assistant. " + body + "Q: pipe?",
+        "m0": "You are an AI assistant. " + body + "Q: tank?",
+    }
+    for name, text in texts.items():
+        (folder / f"{name}.txt").write_text(text)
+    paths = [
+        r.path
+        for r in capture(sorted(map(str, folder.glob("*.txt"))), model=tiny_lm, out=folder / "caps")
+    ]
+    plain = compress_captures(paths, tmp_path / "p.skv", codec="seq", model=tiny_lm)
+    near = compress_captures(paths, tmp_path / "n.skv", codec="seq", model=tiny_lm, near_dup=True)
+    assert near.part_bytes["tokens"] < 0.75 * plain.part_bytes["tokens"]
+    with Archive(tmp_path / "n.skv", model=tiny_lm) as arc:
+        m0 = arc.session("m0")
+        assert (
+            m0["trie"]["centroid"] is not None
+            and m0["positions"] == load_capture(paths[2]).positions
+        )
+        [(entry, restored)] = list(arc.restore_many([m0]))  # the centroid is decoded, not yielded
+    assert entry["id"] == "m0" and same_capture(load_capture(paths[2]), restored)
+    assert_exact(tmp_path / "n.skv", tiny_lm, paths)
+    result = invoke("compress", *paths, "-o", tmp_path / "x.skv", "--codec", "turbo3", "--near-dup")
+    assert result.exit_code == 2 and "--near-dup needs" in result.stderr
