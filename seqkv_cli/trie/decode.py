@@ -17,7 +17,7 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.sequential.session_codecs import finish_capture
-from seqkv_cli.trie.runs import Run, fork_track, prefill, session_kv
+from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.store import TrieContents, chain
 
 LOCKSTEP = 16  # seq nodes stepped together (memory: one K/V state each)
@@ -106,15 +106,8 @@ def _start(adapter, parent, n, nodes, source: NodeSource, stepping: bool) -> Run
     node = nodes[n]
     if isinstance(parent, Exception):
         raise SeqkvError(f"its prefix could not be decoded: {parent}")
-    capacity = node.stop
-    if parent is None:
-        track, row, prefix = adapter.start(capacity), None, np.zeros(0, np.int64)
-    else:
-        row = parent.rows[node.attach]
-        track = fork_track(adapter, parent.track, node.start, capacity, row)
-        prefix = parent.all_tokens(node.attach)
     tokens = None if stepping else source.tokens(n)
-    return Run(n, node.start, prefix, tokens, node.n_tokens, track, row)
+    return start_run(adapter, parent, n, node.start, node.attach, node.n_tokens, tokens)
 
 
 def _prefill_all(adapter, runs: list[Run]) -> dict:

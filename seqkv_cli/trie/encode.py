@@ -18,7 +18,7 @@ from seqkv_cli.kvcapture.capture_file import DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.sequential.session_codecs import EncodedSession, _bits
 from seqkv_cli.trie.plan import Trie
-from seqkv_cli.trie.runs import Run, fork_track, prefill, session_kv
+from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.sources import Source, ppl_milli, profiles_for
 from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord
 
@@ -155,14 +155,7 @@ def walk(trie: Trie, needed: set[int], adapter: CanonicalLogits, visit) -> None:
             continue
         n = todo.pop()
         node = trie.nodes[n]
-        capacity = node.start + len(node.tokens)
-        if parent is None:
-            track, row, prefix = adapter.start(capacity), None, np.zeros(0, np.int64)
-        else:
-            row = parent.rows[node.attach]
-            track = fork_track(adapter, parent.track, node.start, capacity, row)
-            prefix = parent.all_tokens(node.attach)
-        run = Run(n, node.start, prefix, node.tokens, len(node.tokens), track, row)
+        run = start_run(adapter, parent, n, node.start, node.attach, len(node.tokens), node.tokens)
         run.want_rows = {trie.nodes[c].attach for c in kids.get(n, [])}
         visit(run)
         adapter.tracks.clear()  # runs hold their tracks; the adapter must not pin them

@@ -60,6 +60,26 @@ class Run:
             self.rows[offset] = logits.clone()
 
 
+def start_run(
+    adapter: CanonicalLogits,
+    parent: Run | None,
+    node: int,
+    start: int,
+    attach: int,
+    n_tokens: int,
+    tokens: np.ndarray | None,
+) -> Run:
+    """A run for `node`: a fresh state for a root, else a fork of `parent` at its branch point."""
+    capacity = start + n_tokens
+    if parent is None:
+        track, row, prefix = adapter.start(capacity), None, np.zeros(0, np.int64)
+    else:
+        row = parent.rows[attach]
+        track = fork_track(adapter, parent.track, start, capacity, row)
+        prefix = parent.all_tokens(attach)
+    return Run(node, start, prefix, tokens, n_tokens, track, row)
+
+
 def prefill(adapter: CanonicalLogits, run: Run, on_rows=None) -> None:
     """Feed the run's known tokens in chunks; `on_rows(first, logits)` sees each chunk's rows.
 
