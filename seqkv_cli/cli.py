@@ -13,6 +13,7 @@ from seqkv_cli.commands.compress import compress_command, decompress_command
 from seqkv_cli.commands.inspect import codecs_command, info_command, verify_command
 from seqkv_cli.commands.model import model_app
 from seqkv_cli.commands.pipeline import pipeline_command
+from seqkv_cli.commands.report import report_command
 
 app = typer.Typer(
     help="Capture transformer KV caches, compress them as sequences, restore and report them.",
@@ -47,6 +48,7 @@ app.command("verify")(verify_command)
 app.command("info")(info_command)
 app.command("codecs")(codecs_command)
 app.command("pipeline")(pipeline_command)
+app.command("report")(report_command)
 app.add_typer(model_app, name="model")
 app.add_typer(archive_app, name="archive")
 app.command("resume")(resume_command)

@@ -73,11 +73,11 @@ def account(archive) -> Accounting:
             breakdown = {
                 "tokens": cost["tokens"],
                 "residual": cost["residual"],
-                "kv": 0.0,
+                "kv": cost["kv"],
                 "header": cost["header"],
                 "trie": cost["trie"],
             }
-            n = cost["tokens"] + cost["trie"] + cost["residual"]
+            n = cost["tokens"] + cost["kv"] + cost["trie"] + cost["residual"]
         sessions.append(
             {
                 "id": entry["id"],

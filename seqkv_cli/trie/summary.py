@@ -43,6 +43,7 @@ def session_costs(arc) -> list[dict]:
     """Per session (archive order): bytes by kind and the longest prefix it shares."""
     contents = arc.trie
     nodes, node_bytes, paths = contents.nodes, _node_bytes(arc), _paths(contents)
+    kv_share = [sum(n.kv_lengths) / b if b else 0.0 for n, b in zip(nodes, node_bytes, strict=True)]
     users: dict[int, list[int]] = {}  # node -> offsets each user reaches
     for path in paths:
         for n, used in path:
@@ -52,7 +53,7 @@ def session_costs(arc) -> list[dict]:
     header_share = (arc.reader.size - spent) / max(len(paths), 1)
     costs = []
     for entry, path in zip(arc.sessions, paths, strict=True):
-        own = shared = 0.0
+        own = own_kv = shared = 0.0
         shared_prefix = 0
         for n, used in path:
             node, reach = nodes[n], sorted(users[n])
@@ -66,7 +67,8 @@ def session_costs(arc) -> list[dict]:
                     shared += per_token * (cut - lo) / covering
                     shared_prefix = node.start + cut
                 else:
-                    own += per_token * (cut - lo)
+                    own += per_token * (cut - lo) * (1 - kv_share[n])
+                    own_kv += per_token * (cut - lo) * kv_share[n]
                 lo = cut
         edits = sum(sizes[name] for name in entry["sections"] if name.endswith("/edits"))
         own += edits  # a near-duplicate's tokens are its edits
@@ -74,6 +76,7 @@ def session_costs(arc) -> list[dict]:
         costs.append(
             {
                 "tokens": own,
+                "kv": own_kv,
                 "trie": shared,
                 "residual": float(residual),
                 "header": header_share,
@@ -101,7 +104,7 @@ def session_rows(path: Path) -> tuple[list[dict], str]:
             {
                 "id": e["id"],
                 "positions": e["positions"],
-                "own_bytes": c["tokens"] + c["residual"],
+                "own_bytes": c["tokens"] + c["kv"] + c["residual"],
                 "shared_prefix": c["shared_prefix"],
                 "segment": e["trie"]["segment"],
             }
