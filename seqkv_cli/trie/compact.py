@@ -1,8 +1,8 @@
 """`archive compact`: every session restored and written again as one optimal trie.
 
 Appends leave one segment (and one index record) per `add`; compact folds them into one,
-inserting the longest sessions first so a session that is a prefix of another costs no
-node. It also converts flat (per-session) archives. The archive is locked meanwhile and
+inserting shorter sessions first so a session that is a prefix of another ends where its own
+node ends. It also converts flat (per-session) archives. The archive is locked meanwhile and
 replaced atomically, only after the new file restores every session bit for bit.
 """
 

@@ -70,6 +70,15 @@ def restore(
     ending: dict[int, list[int]] = {}
     for s in wanted:
         ending.setdefault(contents.sessions[s].end_node, []).append(s)
+    # Decode a node only as far as its sessions and children reach: its tail may belong to
+    # sessions nobody asked for. A node decoded to its end is also checked (token_check).
+    limit = {
+        n: max(
+            [contents.sessions[s].end for s in ending.get(n, [])]
+            + [nodes[c].attach for c in kids.get(n, [])]
+        )
+        for n in needed
+    }
     adapter = CanonicalLogits(canon)
     alive: dict[int, Run | Exception] = {}
     pending_kids = {n: len(kids.get(n, [])) for n in needed}
@@ -81,7 +90,7 @@ def restore(
         for n in batch:
             parent = nodes[n].parent
             try:
-                run = _start(adapter, alive.get(parent), n, nodes, source, stepping)
+                run = _start(adapter, alive.get(parent), n, nodes, source, stepping, limit[n])
                 run.want_rows = {nodes[c].attach for c in kids.get(n, [])}
                 runs.append(run)
             except SeqkvError as exc:
@@ -102,12 +111,12 @@ def restore(
         adapter.tracks.clear()
 
 
-def _start(adapter, parent, n, nodes, source: NodeSource, stepping: bool) -> Run:
+def _start(adapter, parent, n, nodes, source: NodeSource, stepping: bool, limit: int) -> Run:
     node = nodes[n]
     if isinstance(parent, Exception):
         raise SeqkvError(f"its prefix could not be decoded: {parent}")
     tokens = None if stepping else source.tokens(n)
-    return start_run(adapter, parent, n, node.start, node.attach, node.n_tokens, tokens)
+    return start_run(adapter, parent, n, node.start, node.attach, limit, tokens)
 
 
 def _prefill_all(adapter, runs: list[Run]) -> dict:
@@ -130,7 +139,7 @@ def _step_all(adapter: CanonicalLogits, runs: list[Run], source: NodeSource) -> 
         node = source.contents.nodes[run.node]
         try:
             decs[run.node] = NodeDecoder(
-                source.payload(run.node), run.n_tokens, node.check, precision
+                source.payload(run.node), node.n_tokens, node.check, precision
             )
         except CodecError as exc:
             errors[run.node] = SeqkvError(f"node {run.node}: {exc}")
@@ -160,9 +169,11 @@ def _step_all(adapter: CanonicalLogits, runs: list[Run], source: NodeSource) -> 
             dec = decs[run.node]
             run.keep_row(dec.pos, torch.from_numpy(logits[i].copy()))
             rows[run.node] = freqs[i]
-            if not dec.done:
+            if dec.pos < run.n_tokens:
                 live.append(run)
                 continue
+            if not dec.done:
+                continue  # stopped early: the rest of the node is not needed
             try:
                 dec.close()
             except CodecError as exc:

@@ -2,8 +2,8 @@
 
 Nodes never split: a branch may start *inside* its parent (after `attach` of the parent's
 tokens), so an append-only archive grows without rewriting a node, and a session costs
-exactly the tokens no earlier session has at the same prefix. Inserting longer sessions
-first (compress, compact) means a session that is a prefix of another adds no node at all.
+exactly the tokens no earlier session has at the same prefix. compress and compact insert
+shorter sessions first, so a session that is a prefix of another ends where a node ends.
 """
 
 from __future__ import annotations
@@ -80,5 +80,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def insertion_order(lengths: list[int]) -> list[int]:
-    """Longest first (stable): a session that prefixes a longer one then adds no node."""
-    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    """Shortest first (stable), as an agent's snapshots arrive: a session that prefixes a
+    longer one then ends at the end of its own node, so restoring it decodes no token of
+    the longer one and checks its node's token checksum."""
+    return sorted(range(len(lengths)), key=lambda i: lengths[i])

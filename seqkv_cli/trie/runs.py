@@ -86,7 +86,7 @@ def prefill(adapter: CanonicalLogits, run: Run, on_rows=None) -> None:
     Row j of a chunk fed from offset `first` predicts the token at offset first + j + 1.
     """
     for s in range(0, run.n_tokens, PREFILL_CHUNK):
-        chunk = run.tokens[s : s + PREFILL_CHUNK]
+        chunk = run.tokens[s : min(s + PREFILL_CHUNK, run.n_tokens)]
         ids = torch.from_numpy(np.asarray(chunk, dtype=np.int64))
         logits = adapter.canon.forward(run.track.state, ids)
         run.track.record(ids, logits)

@@ -14,7 +14,7 @@ from seqkv_cli.trie.tables import encode_tables
 
 
 def plan(trie: Trie, sources: list[Source], members=None) -> list[tuple[int, int]]:
-    """Insert every session (longest first); each one's (end node, end offset).
+    """Insert every session (shortest first); each one's (end node, end offset).
 
     Near-duplicate `members` (stored as edits) are not inserted: their path is only the
     prefix they share exactly; one that shares nothing is inserted after all (and dropped

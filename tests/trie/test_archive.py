@@ -19,6 +19,7 @@ from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
+from seqkv_cli.trie.store import chain
 
 runner = CliRunner()
 PREFIX = "System: you are a careful assistant who answers briefly and cites sources. " * 3
@@ -66,7 +67,10 @@ def test_trie_stores_a_shared_prefix_once_and_restores_exactly(caps, tiny_lm, tm
         nodes = arc.trie.nodes
         positions = sum(e["positions"] for e in arc.sessions)
     assert sum(n.n_tokens for n in nodes) < 0.35 * positions
-    assert len(nodes) == 5  # s5 is a prefix of s2 and s3 a prefix of s6: no node of their own
+    # shortest first: s5 (a prefix of s2) and s3 (a prefix of s6) end where their nodes end
+    ends = {e["id"]: (e["trie"]["node"], e["trie"]["end"]) for e in arc.sessions}
+    assert all(end == nodes[node].n_tokens for node, end in ends.values())
+    assert len(nodes) == 7
 
 
 def test_seq_trie_token_bytes_follow_the_surprisal_of_stored_tokens(caps, tiny_lm, tmp_path):
@@ -135,9 +139,8 @@ def test_extract_decodes_only_the_sessions_path(caps, tiny_lm, tmp_path, monkeyp
     )
     assert result.exit_code == 0, result.output
     with Archive(path) as arc:
-        s1 = arc.session("s1")["trie"]["node"]
-        expected = [n for n in range(len(arc.trie.nodes)) if n in (s1, arc.trie.nodes[s1].parent)]
-    assert sorted(asked) == expected  # the root and s1's branch; no other branch
+        expected = chain(arc.trie.nodes, arc.session("s1")["trie"]["node"])
+    assert sorted(asked) == expected and len(expected) < len(arc.trie.nodes)  # only its path
     assert same_capture(load_capture(caps[1]), load_capture(tmp_path / "s1.st"))
 
 
@@ -358,3 +361,23 @@ def test_near_duplicate_members_are_stored_as_edits(tiny_lm, tmp_path):
     assert_exact(tmp_path / "n.skv", tiny_lm, paths)
     result = invoke("compress", *paths, "-o", tmp_path / "x.skv", "--codec", "turbo3", "--near-dup")
     assert result.exit_code == 2 and "--near-dup needs" in result.stderr
+
+
+def test_a_session_inside_a_node_decodes_only_its_own_tokens(caps, tiny_lm, tmp_path, monkeypatch):
+    from seqkv_cli.sequential.adapter import CanonicalLogits
+
+    path = tmp_path / "a.skv"
+    compress_captures([caps[6]], path, codec="seq", model=tiny_lm)  # s6 = s3 + a follow-up
+    assert invoke("archive", "add", path, caps[3], "--model", tiny_lm.folder).exit_code == 0
+    with Archive(path) as arc:
+        s3 = arc.session("s3")
+        assert s3["trie"]["node"] == 0 and s3["trie"]["end"] < arc.trie.nodes[0].n_tokens
+    steps = []
+    original = CanonicalLogits.feed_rows
+    monkeypatch.setattr(
+        CanonicalLogits, "feed_rows", lambda self, t, ids: steps.append(1) or original(self, t, ids)
+    )
+    with Archive(path, model=tiny_lm) as arc:
+        restored = arc.restore(arc.session("s3"))
+    assert same_capture(load_capture(caps[3]), restored)
+    assert len(steps) == restored.positions  # not one step into s6's follow-up
