@@ -64,7 +64,9 @@ def rate_and_exactness(lm, caps, folder: Path) -> list[dict]:
 
     skv = folder / "seq.skv"
     res, t_enc = timed(
-        lambda: compress_captures([c.path for c in caps], skv, codec="seq", model=lm, check=False)
+        lambda: compress_captures(
+            [c.path for c in caps], skv, codec="seq", model=lm, check=False, layout="flat"
+        )
     )
     rows = []
     with Archive(skv, model=lm) as arc:

@@ -7,7 +7,7 @@ on one session against `seqkv_cli.kvcapture.api.capture_one`-style capture). The
 * the 100 sessions go into one trie archive with `compress_captures(codec="seq")`;
 * `--singles K` of them are compressed one by one (each a full 2,200-token encode); the
   one-by-one total is their mean times 100 (stated as such in the output);
-* per-session overhead = (archive − prefix-node payload − Σ branch payloads − the bytes an
+* per-session overhead = (archive - prefix-node payload - Σ branch payloads - the bytes an
   empty archive costs) / 100.
 
     python bench/bench_trie.py --threads 2 --out bench/results/trie.json

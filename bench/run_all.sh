@@ -1,16 +1,7 @@
 #!/usr/bin/env bash
-# The one benchmark command: every codec on the embedded model, in one run on one machine.
-# Appends Markdown tables to docs/BENCHMARKS.md (or $1) and writes raw JSON to bench/results/.
-# Usage: bash bench/run_all.sh   (from a checkout set up with README command 2)
+# Shortcut for the one benchmark command documented in docs/BENCHMARKS.md:
+#     python bench/run.py --append docs/BENCHMARKS.md
+# Extra arguments are passed on (e.g. --quick, --threads 2). Python: $PYTHON, else .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-OUT=${1:-docs/BENCHMARKS.md}
-mkdir -p bench/results
-{
-    echo
-    echo "# Run of \`bash bench/run_all.sh\` — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(uname -m)"
-} >> "$OUT"
-"$PY" bench/bench_codecs.py --append "$OUT" --json bench/results/codecs.json
-"$PY" bench/bench_seq.py --append "$OUT" --json bench/results/seq.json
-"$PY" bench/bench_delta_topk.py --append "$OUT" --json bench/results/delta_topk.json
+exec "${PYTHON:-.venv/bin/python}" bench/run.py --append docs/BENCHMARKS.md "$@"

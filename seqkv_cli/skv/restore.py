@@ -282,7 +282,9 @@ def decompress(
             for done in written:  # a failed run leaves no partial set of files behind
                 done.unlink(missing_ok=True)
             raise
-    return written
+    # Trie archives finish sessions in decode order; callers get them in the order asked.
+    order = {_safe(e["id"]): i for i, e in enumerate(entries)}
+    return sorted(written, key=lambda t: order[t.stem])
 
 
 def _safe(session_id: str) -> str:

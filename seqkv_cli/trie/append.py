@@ -196,8 +196,12 @@ def _add_seq(trie: Trie, first_new: int, sources, coder, canon, source) -> Segme
 
 def _encode_tail(rows, tokens: np.ndarray, start: int, precision: int) -> tuple[bytes, float]:
     """Range-code tokens[start:] under the session's own rows; self-checked before use."""
-    from seqkv_codecs.sequential.node_stream import encode_node, intervals, verify_node
-    from seqkv_codecs.sequential.probability import frequencies_from_logits
+    from seqkv_codecs.sequential.node_stream import (
+        encode_node,
+        intervals,
+        intervals_from_logits,
+        verify_node,
+    )
     from seqkv_codecs.sequential.token_coder import _uniform_row
 
     lows, freqs, p, n = [], [], start, len(tokens)
@@ -208,7 +212,7 @@ def _encode_tail(rows, tokens: np.ndarray, start: int, precision: int) -> tuple[
         p = 1
     while p < n:
         block = rows.rows_from(p)[: n - p]
-        lo, fr = intervals(frequencies_from_logits(block, precision), tokens[p : p + len(block)])
+        lo, fr = intervals_from_logits(block, tokens[p : p + len(block)], precision)
         lows.append(lo)
         freqs.append(fr)
         p += len(block)

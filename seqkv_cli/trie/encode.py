@@ -164,7 +164,7 @@ def walk(trie: Trie, needed: set[int], adapter: CanonicalLogits, visit) -> None:
 
 def _code_node(run: Run, adapter: CanonicalLogits, precision: int) -> tuple[bytes, float]:
     """Prefill the node and range-code its tokens under the rows that prefill produces."""
-    from seqkv_codecs.sequential.node_stream import encode_node, intervals
+    from seqkv_codecs.sequential.node_stream import encode_node, intervals, intervals_from_logits
     from seqkv_codecs.sequential.probability import frequencies_from_logits
     from seqkv_codecs.sequential.token_coder import _uniform_row
 
@@ -182,8 +182,9 @@ def _code_node(run: Run, adapter: CanonicalLogits, precision: int) -> tuple[byte
     def on_rows(s: int, logits: torch.Tensor) -> None:
         valid = min(len(logits), n - 1 - s)
         if valid > 0:
-            f = frequencies_from_logits(logits[:valid].numpy(), precision)
-            lo, fr = intervals(f, tokens[s + 1 : s + 1 + valid])
+            lo, fr = intervals_from_logits(
+                logits[:valid].numpy(), tokens[s + 1 : s + 1 + valid], precision
+            )
             lows.append(lo)
             freqs.append(fr)
 

