@@ -43,7 +43,10 @@ class Archive:
             raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
         self.codec = resolve_codec(pipeline[0])
         self._model_spec, self._canon = model, None
-        self._parts: dict[str, bytes] = {}
+        if self.trie is not None:
+            from seqkv_cli.trie.store import PartReader
+
+            self.read_part = PartReader(self.reader)
 
     @property
     def needs_model(self) -> bool:
@@ -126,16 +129,6 @@ class Archive:
                 if isinstance(result, Exception):  # name the file and session
                     result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
                 yield entry, self._with_meta(entry, result)
-
-    def read_part(self, segment: int, part: str) -> bytes:
-        """A trie segment's shared part (tokens, kv...), read and checked once."""
-        from seqkv_cli.trie.store import part_name
-
-        name = part_name(segment, part)
-        if name not in self._parts:
-            known = {s.name for s in self.reader.sections}
-            self._parts[name] = self.reader.read_section(name) if name in known else b""
-        return self._parts[name]
 
     def _restore_trie(self, entries: list[dict]):
         """Sessions of a trie archive, as they finish (only their nodes are decoded).

@@ -125,9 +125,10 @@ def _model_side(coder, contents, reader, model, header, path):
     """The canonical model (checked against the archive's) and a reader of node tokens."""
     from seqkv_cli.sequential.session_codecs import SessionCodec
     from seqkv_cli.trie.decode import NodeSource
+    from seqkv_cli.trie.store import PartReader
 
     if not isinstance(coder, SessionCodec):
-        return None, NodeSource(contents, _part_reader(reader), 1 << 32, 24)
+        return None, NodeSource(contents, PartReader(reader), 1 << 32, 24)
     from seqkv_cli.skv.compress import _load_canonical
 
     canon, ident = _load_canonical(model)
@@ -137,24 +138,8 @@ def _model_side(coder, contents, reader, model, header, path):
             f"{path} was compressed with fingerprint {str(want)[:16]}; the loaded model has "
             f"{ident['fingerprint'][:16]}; pass --model with the right one"
         )
-    source = NodeSource(contents, _part_reader(reader), canon.vocab_size, coder.precision_bits)
+    source = NodeSource(contents, PartReader(reader), canon.vocab_size, coder.precision_bits)
     return canon, source
-
-
-def _part_reader(reader):
-    """read_part(segment, part) over the locked reader, each part read and checked once."""
-    from seqkv_cli.trie.store import part_name
-
-    parts: dict[str, bytes] = {}
-    known = {s.name for s in reader.sections}
-
-    def read_part(segment: int, part: str) -> bytes:
-        name = part_name(segment, part)
-        if name not in parts:
-            parts[name] = reader.read_section(name) if name in known else b""
-        return parts[name]
-
-    return read_part
 
 
 def _add_seq(trie: Trie, first_new: int, sources, coder, canon, source) -> SegmentBuild:

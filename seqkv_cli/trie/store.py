@@ -135,6 +135,24 @@ def entries(contents: TrieContents, section_sizes: dict[str, int], read=None) ->
     return out
 
 
+class PartReader:
+    """read(segment, part): a segment's shared part (tokens, kv, ...), read and checked once.
+
+    An absent part (omitted because empty) reads as b"".
+    """
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
+        self.known = {s.name for s in reader.sections}
+        self.parts: dict[str, bytes] = {}
+
+    def __call__(self, segment: int, part: str) -> bytes:
+        name = part_name(segment, part)
+        if name not in self.parts:
+            self.parts[name] = self.reader.read_section(name) if name in self.known else b""
+        return self.parts[name]
+
+
 def chain(nodes: list[Node], node: int) -> list[int]:
     """Node indices from the root down to `node`."""
     out = []
