@@ -110,6 +110,32 @@ class Codec(ABC):
     def decode(self, data: bytes | memoryview) -> KVBlock:
         """Restore the block; raises `CorruptStreamError` on anything malformed."""
 
+    def decode_checked(
+        self,
+        data: bytes | memoryview,
+        shape: tuple[int, int, int],
+        dtype: str | None = None,
+        kind: str | None = None,
+    ) -> KVBlock:
+        """`decode`, but a stream whose header is not the expected block is refused first.
+
+        The header sizes every allocation of a decode; a caller that knows the shape (from
+        its container entry) checks it here, before the work, not after.
+        """
+        _, head = self._open(data)
+        want = tuple(int(n) for n in shape)
+        if head.shape != want or (dtype is not None and head.dtype != dtype):
+            raise CorruptStreamError(
+                f"{self.codec_id!r} stream holds a {head.dtype} block of shape {head.shape}, "
+                f"expected {dtype or head.dtype} {want}"
+            )
+        if kind is not None and head.kind != kind:
+            raise CorruptStreamError(f"{self.codec_id!r} stream holds {head.kind}s, not {kind}s")
+        block = self.decode(data)
+        if block.shape != want or block.dtype != head.dtype:
+            raise CorruptStreamError(f"{self.codec_id!r} stream decodes to a different block")
+        return block
+
     def get_config(self) -> dict[str, Any]:
         """JSON-safe parameters, ``"id"`` first."""
         params = {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -33,6 +33,9 @@ def handle_errors(func):
         except MemoryError:
             err_console.print("[bold red]error:[/] out of memory")
             raise typer.Exit(3) from None
+        except RecursionError:  # last line of defence: deeply nested data in a crafted file
+            err_console.print("[bold red]error:[/] input is nested too deeply to read")
+            raise typer.Exit(2) from None
 
     return wrapper
 

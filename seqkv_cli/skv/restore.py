@@ -32,7 +32,8 @@ class Archive:
         if "trie" in header:
             from seqkv_cli.trie import store
 
-            self.trie = store.load(self.reader, self.path)
+            # The model (and its context) is known only once loaded: canonical() checks again.
+            self.trie = store.load(self.reader, self.path, max_context=store.MAX_POSITIONS)
             sizes = {s.name: s.length for s in self.reader.sections}
             self.sessions = store.entries(self.trie, sizes, self.reader.read_section)
         for entry in self.sessions:
@@ -42,6 +43,13 @@ class Archive:
         if len(pipeline) != 1:
             raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
         self.codec = resolve_codec(pipeline[0])
+        if self.needs_model:  # from the file's own config: refuse a bad one in one line
+            from seqkv_cli.trie.decode import check_precision
+
+            try:
+                check_precision(getattr(self.codec, "precision_bits", 24))
+            except SeqkvError as exc:
+                raise SeqkvError(f"{self.path}: {exc}") from None
         self._model_spec, self._canon = model, None
         if self.trie is not None:
             from seqkv_cli.trie.store import PartReader
@@ -67,6 +75,10 @@ class Archive:
                     f"(fingerprint {want[:16]}); the loaded model {ident['name']} has "
                     f"fingerprint {ident['fingerprint'][:16]}; pass --model with the right one"
                 )
+            if self.trie is not None:
+                from seqkv_cli.trie.store import check_context
+
+                check_context(self.trie, canon.max_context, self.path)
             self._canon = canon
         return self._canon
 
@@ -88,17 +100,15 @@ class Archive:
 
         name = section_name(entry["index"], kv_part(layer, kind))
         data = self.reader.read_section(name)  # checks the section's CRC32C
-        try:
-            block = self.codec.decode(data)
-        except CodecError as exc:
-            raise SeqkvError(f"{self.path}: section {name} does not decode: {exc}") from None
         expected = (
             entry["shapes"]["num_kv_heads"],
             entry["positions"],
             entry["shapes"]["head_dim"],
         )
-        if block.shape != expected or block.dtype != entry["dtype"]:
-            raise SeqkvError(f"{self.path}: section {name} decodes to the wrong shape or dtype")
+        try:  # the stream's own header is checked against the entry before anything is decoded
+            block = self.codec.decode_checked(data, expected, entry["dtype"], kind)
+        except CodecError as exc:
+            raise SeqkvError(f"{self.path}: section {name} does not decode: {exc}") from None
         return to_tensor(block)
 
     def restore(self, entry: dict):
@@ -119,16 +129,53 @@ class Archive:
             return
         if not self.needs_model:
             for entry in entries:
-                yield entry, self._with_meta(entry, self._restore_pervector(entry))
+                try:
+                    result = self._restore_pervector(entry)
+                except SeqkvError as exc:  # one damaged session does not stop the others
+                    result = exc
+                yield entry, self._with_meta(entry, result)
             return
+        canon = self.canonical()
         for start in range(0, len(entries), batch):
-            group = entries[start : start + batch]
-            reads = [self._reader_for(entry) for entry in group]
-            results = self.codec.decode_many(group, reads, self.canonical())
-            for entry, result in zip(group, results, strict=True):
+            chunk = entries[start : start + batch]
+            group, reads, failed = [], [], {}
+            for k, entry in enumerate(chunk):
+                try:  # a session whose stream is unusable fails alone, before the batch runs
+                    read = self._reader_for(entry)
+                    self._screen_tokens(entry, read, canon)
+                    group.append(entry)
+                    reads.append(read)
+                except SeqkvError as exc:
+                    failed[k] = exc
+            results = iter(self.codec.decode_many(group, reads, canon) if group else [])
+            for k, entry in enumerate(chunk):
+                result = failed[k] if k in failed else next(results)
                 if isinstance(result, Exception):  # name the file and session
                     result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
                 yield entry, self._with_meta(entry, result)
+
+    def _screen_tokens(self, entry: dict, read, canon) -> None:
+        """Refuse a flat session's token stream whose header cannot be this session's."""
+        from seqkv_codecs.errors import CodecError
+
+        if self.codec.codec_id != "seq":
+            return  # seq-fast streams are bounded by the model context when decoded
+        try:
+            from seqkv_codecs.sequential.token_coder import read_token_stream_info
+
+            info = read_token_stream_info(read("tokens.seq"))
+        except CodecError as exc:
+            raise SeqkvError(str(exc)) from None
+        if info.vocab_size != canon.vocab_size:
+            raise SeqkvError(
+                f"its token stream was coded with a {info.vocab_size}-token vocabulary; "
+                f"the model has {canon.vocab_size}"
+            )
+        if info.n_tokens != entry["positions"] or info.n_tokens > canon.max_context:
+            raise SeqkvError(
+                f"its token stream holds {info.n_tokens} tokens; the header says "
+                f"{entry['positions']} and the model context is {canon.max_context}"
+            )
 
     def _restore_trie(self, entries: list[dict]):
         """Sessions of a trie archive, as they finish (only their nodes are decoded).
@@ -240,16 +287,30 @@ class Archive:
 
 def _check_entry(path: Path, entry) -> None:
     """Headers pass their CRC, but a file written by another tool may still lack fields."""
+    from seqkv_cli.trie.store import MAX_POSITIONS
+
     shapes = entry.get("shapes") if isinstance(entry, dict) else None
     ok = (
         isinstance(shapes, dict)
         and isinstance(entry.get("id"), str)
-        and all(isinstance(entry.get(k), int) for k in ("index", "positions"))
+        and all(_int_in(entry.get(k), 0, 1 << 62) for k in ("index", "positions"))
         and entry.get("dtype") in ("bf16", "fp16", "fp32")
-        and all(isinstance(shapes.get(k), int) for k in ("num_layers", "num_kv_heads", "head_dim"))
+        and all(
+            _int_in(shapes.get(k), 1, 0xFFFF) for k in ("num_layers", "num_kv_heads", "head_dim")
+        )
+        and isinstance(entry.get("sections", []), list)
     )
     if not ok:
-        raise SeqkvError(f"{path}: malformed session entry in the header: {str(entry)[:80]}")
+        raise SeqkvError(f"{path}: malformed session entry in the header: {str(entry)[:80]!r}")
+    if entry["positions"] > MAX_POSITIONS:  # bounds every allocation sized by positions
+        raise SeqkvError(
+            f"{path}: session {entry['id']!r} claims {entry['positions']} positions, "
+            f"over the limit of {MAX_POSITIONS}"
+        )
+
+
+def _int_in(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def decompress(

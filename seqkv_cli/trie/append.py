@@ -47,7 +47,8 @@ def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None
                 f"{path} keeps sessions separately (flat layout); "
                 "convert it with `seqkv archive compact` first"
             )
-        contents = store.load(reader, Path(path))
+        # bounded before the model is known; _model_side checks the model's own context
+        contents = store.load(reader, Path(path), max_context=store.MAX_POSITIONS)
         coder = resolve_codec(header["pipeline"][0])
         _check_new(sources, contents, header, path)
         before = reader.size
@@ -138,6 +139,9 @@ def _model_side(coder, contents, reader, model, header, path):
             f"{path} was compressed with fingerprint {str(want)[:16]}; the loaded model has "
             f"{ident['fingerprint'][:16]}; pass --model with the right one"
         )
+    from seqkv_cli.trie.store import check_context
+
+    check_context(contents, canon.max_context, path)
     source = NodeSource(contents, PartReader(reader), canon.vocab_size, coder.precision_bits)
     return canon, source
 

@@ -27,6 +27,7 @@ class NodeSource:
     """Payload bytes (seq) or token ids (seq-fast, per-vector) of nodes, read on demand."""
 
     def __init__(self, contents: TrieContents, read_part, vocab_size: int, precision: int) -> None:
+        check_precision(precision)
         self.contents, self.read_part, self.vocab = contents, read_part, vocab_size
         self.precision = precision
         self._tokens: dict[int, np.ndarray] = {}
@@ -43,6 +44,8 @@ class NodeSource:
 
         node = self.contents.nodes[n]
         if node.segment not in self._tokens:
+            # The total is the nodes' own claim, bounded by store.load (each node by the
+            # context, the segment by MAX_SEGMENT_TOKENS): the stream may not hold more.
             total = sum(x.n_tokens for x in self.contents.nodes if x.segment == node.segment)
             try:
                 data = self.read_part(node.segment, "tokens")
@@ -56,6 +59,14 @@ class NodeSource:
         if token_check(ids) != node.check:
             raise SeqkvError(f"node {n}: tokens fail their checksum (damaged archive)")
         return ids
+
+
+def check_precision(precision) -> None:
+    """A codec config read from the file: a non-integer precision would fail deep inside."""
+    if isinstance(precision, bool) or not isinstance(precision, int) or not 1 <= precision <= 31:
+        raise SeqkvError(
+            f"the codec's precision_bits must be an integer in 1..31, not {precision!r}"
+        )
 
 
 def restore(
@@ -139,7 +150,11 @@ def _step_all(adapter: CanonicalLogits, runs: list[Run], source: NodeSource) -> 
         node = source.contents.nodes[run.node]
         try:
             decs[run.node] = NodeDecoder(
-                source.payload(run.node), node.n_tokens, node.check, precision
+                source.payload(run.node),
+                node.n_tokens,
+                node.check,
+                precision,
+                max_tokens=adapter.canon.max_context,
             )
         except CodecError as exc:
             errors[run.node] = SeqkvError(f"node {run.node}: {exc}")

@@ -158,13 +158,18 @@ def _node(arc, source, n: int, offsets, entry):
     kv = arc.read_part(node.segment, "kv")
     cursor, keys, values = node.kv_offset, [], []
     heads, hd = entry["shapes"]["num_kv_heads"], entry["shapes"]["head_dim"]
+    if len(node.kv_lengths) != 2 * entry["shapes"]["num_layers"]:
+        raise SeqkvError(f"node {n}: it has {len(node.kv_lengths)} K/V blocks, not 2 per layer")
+    if cursor + sum(node.kv_lengths) > len(kv):
+        raise SeqkvError(f"node {n}: its K/V blocks run past the segment's K/V part")
     for b, length in enumerate(node.kv_lengths):
-        try:
-            block = arc.codec.decode(kv[cursor : cursor + length])
+        kind = KINDS[b % 2]
+        try:  # the block's header is checked against the node before anything is decoded
+            block = arc.codec.decode_checked(
+                kv[cursor : cursor + length], (heads, node.n_tokens, hd), entry["dtype"], kind
+            )
         except CodecError as exc:
             raise SeqkvError(f"node {n}: a K/V block does not decode: {exc}") from None
-        if block.shape != (heads, node.n_tokens, hd) or block.dtype != entry["dtype"]:
-            raise SeqkvError(f"node {n}: a K/V block has the wrong shape or dtype")
         (keys if b % 2 == 0 else values).append(to_tensor(block))
         cursor += length
     count = node.n_tokens - (1 if node.parent < 0 else 0)

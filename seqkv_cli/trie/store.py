@@ -18,6 +18,12 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.tables import NO_PPL, Node, SessionRecord, decode_tables
 
 TRIE_VERSION = 1
+# Positions a session may reach when no model says otherwise (per-vector archives, or before
+# the model is loaded): past every context length in use, and it keeps one crafted node count
+# from sizing an allocation.
+MAX_POSITIONS = 1 << 20
+# Tokens in one segment's token stream (decoded as one array): a few hundred full contexts.
+MAX_SEGMENT_TOKENS = 1 << 24
 _SEGMENT = re.compile(r"^t(\d+)/index$")
 
 
@@ -39,8 +45,11 @@ class TrieContents:
     kv_blocks: int
 
 
-def load(reader, path: Path, max_context: int | None = None) -> TrieContents:
-    """Read and cross-check every segment's tables (no token is decoded)."""
+def load(reader, path: Path, max_context: int = MAX_POSITIONS) -> TrieContents:
+    """Read and cross-check every segment's tables (no token is decoded).
+
+    No node may reach past `max_context` positions (the model's context where known).
+    """
     segments = sorted(int(m.group(1)) for s in reader.sections if (m := _SEGMENT.match(s.name)))
     if segments != list(range(1, len(segments) + 1)):
         raise SeqkvError(f"{path}: trie segments are missing or out of order: {segments}")
@@ -71,9 +80,14 @@ def load(reader, path: Path, max_context: int | None = None) -> TrieContents:
                 node.start = parent.start + node.attach
             elif node.attach:
                 raise SeqkvError(f"{where}: a root node claims a branch point")
-            if node.n_tokens == 0 or (max_context and node.stop > max_context):
-                raise SeqkvError(f"{where}: a node has an impossible length")
+            if node.n_tokens == 0 or node.stop > max_context:
+                raise SeqkvError(
+                    f"{where}: a node has an impossible length "
+                    f"(it reaches position {node.stop}; the limit is {max_context})"
+                )
             nodes.append(node)
+        if tokens > MAX_SEGMENT_TOKENS:
+            raise SeqkvError(f"{where}: its nodes claim {tokens} tokens, over {MAX_SEGMENT_TOKENS}")
         for j, rec in enumerate(tables.sessions):
             end_node = nodes[rec.end_node]
             rec.end = end_node.n_tokens if rec.end < 0 else rec.end
@@ -88,6 +102,15 @@ def load(reader, path: Path, max_context: int | None = None) -> TrieContents:
     if len(set(ids)) != len(ids):
         raise SeqkvError(f"{path}: a session id appears twice in the trie")
     return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0)
+
+
+def check_context(contents: TrieContents, max_context: int, path) -> None:
+    """Refuse an archive whose nodes reach past the model's context (known once it is loaded)."""
+    reach = max((node.stop for node in contents.nodes), default=0)
+    if reach > max_context:
+        raise SeqkvError(
+            f"{path}: a trie node reaches position {reach}, past the model context ({max_context})"
+        )
 
 
 def entries(contents: TrieContents, section_sizes: dict[str, int], read=None) -> list[dict]:

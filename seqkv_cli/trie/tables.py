@@ -13,6 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+from seqkv_cli.container.format import MAX_INDEX_BYTES
 from seqkv_cli.errors import SeqkvError
 
 MAGIC = b"SKTI"
@@ -20,6 +21,10 @@ VERSION = 1
 NO_PPL = 0xFFFF  # log2 PP unknown (sessions of fewer than two tokens)
 _HEAD = struct.Struct("<4sBB")  # magic, version, flags
 FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in the segment)
+# The session names and profiles are what a flat file keeps in its JSON index, so they get
+# the index's cap once inflated; a zlib bomb stops there instead of filling memory.
+MAX_NAMES_BYTES = MAX_INDEX_BYTES
+MAX_JSON_DEPTH = 32  # profiles and extras are capture metadata: a few levels, never hundreds
 
 
 @dataclass
@@ -181,10 +186,12 @@ def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
         sessions.append(SessionRecord("", end_node, -1 if end is None else end, ppl, profile))
         previous = end_node
     try:
-        strings = json.loads(zlib.decompress(r.take(r.varint())))
+        strings = json.loads(_inflate(r.take(r.varint()), MAX_NAMES_BYTES, r))
         profiles, rows = strings["profiles"], strings["sessions"]
-    except (zlib.error, ValueError, KeyError, TypeError):
+    except (zlib.error, ValueError, KeyError, TypeError, RecursionError):
         raise r.fail("its session names do not decompress") from None
+    if _too_deep(strings, MAX_JSON_DEPTH):
+        raise r.fail(f"its session names nest deeper than {MAX_JSON_DEPTH} levels")
     if r.pos != len(r.data):
         raise r.fail(f"{len(r.data) - r.pos} trailing bytes")
     if not isinstance(profiles, list) or not isinstance(rows, list) or len(rows) != n_sessions:
@@ -197,3 +204,29 @@ def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
         if not 0 <= rec.profile < len(profiles) or not isinstance(profiles[rec.profile], dict):
             raise r.fail(f"session {rec.id!r} names a missing profile")
     return SegmentTables(nodes, sessions, profiles, kv_blocks)
+
+
+def _inflate(packed: bytes, limit: int, r: _Reader) -> bytes:
+    """zlib data, refused as soon as it would inflate past `limit` bytes."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(packed, limit)
+    if inflater.unconsumed_tail:
+        raise r.fail(f"its session names inflate past {limit} bytes")
+    if not inflater.eof:
+        raise r.fail("its session names are truncated")
+    if inflater.unused_data:
+        raise r.fail("its session names carry trailing bytes")
+    return out
+
+
+def _too_deep(value, limit: int) -> bool:
+    """Nesting depth over `limit` (iterative: later readers of the values may recurse)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False

@@ -11,6 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqkv_codecs.errors import CodecError
+
+# A dense rotation costs d**2 floats and an O(d**3) QR: head_dim beyond this is refused (an
+# encoder never meets one; a crafted stream declaring 65521 would take minutes and 34 GB).
+MAX_DENSE_DIM = 1024
+
 
 def fwht(x: np.ndarray) -> np.ndarray:
     """Unnormalised Walsh-Hadamard transform along the last axis (length a power of two)."""
@@ -35,6 +41,11 @@ class Rotation:
         if self.hadamard:
             self._signs = np.where(rng.integers(0, 2, dim) == 1, 1.0, -1.0)
         else:
+            if dim > MAX_DENSE_DIM:
+                raise CodecError(
+                    f"head_dim {dim} is not a power of two and over {MAX_DENSE_DIM}: "
+                    "no dense rotation is built for it"
+                )
             q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
             self._matrix = q * np.where(np.diag(r) < 0, -1.0, 1.0)  # unique: Haar-distributed
 

@@ -120,8 +120,14 @@ class _KiviCodec(Codec):
         return KVBlock.from_float32(x, head.dtype, head.kind)
 
     def _nested(self, data: memoryview, shape: tuple[int, int, int]) -> np.ndarray:
-        block = LosslessCodec().decode(data)
-        if block.dtype != "fp16" or block.shape != shape:
+        if 0 in shape:  # no groups (all tokens in the window, or an empty window)
+            block = LosslessCodec().decode(data)
+        else:  # the shape follows from the outer header: refuse before decoding
+            try:
+                block = LosslessCodec().decode_checked(data, shape, "fp16")
+            except CorruptStreamError:
+                block = None
+        if block is None or block.dtype != "fp16" or block.shape != shape:
             raise CorruptStreamError(f"{self.codec_id} stream holds a parameter block of bad shape")
         a = block.to_float32()
         if not np.isfinite(a).all():

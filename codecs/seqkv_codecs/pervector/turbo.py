@@ -38,13 +38,15 @@ from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.kvblock import KVBlock
 from seqkv_codecs.pervector._lloydmax import centroids
 from seqkv_codecs.pervector._lossy import SCALE_DTYPES, check_scale_dtype, finite_float32
-from seqkv_codecs.pervector._rotation import Rotation
+from seqkv_codecs.pervector._rotation import MAX_DENSE_DIM, Rotation
 from seqkv_codecs.pervector._symbols import pack_symbols, unpack_symbols
 
 _F16 = np.dtype("<f2")
 
 
 def _qjl_matrix(dim: int, seed: int) -> np.ndarray:
+    if dim > MAX_DENSE_DIM:  # d**2 Gaussians: refused like a dense rotation
+        raise CodecError(f"QJL needs head_dim <= {MAX_DENSE_DIM}, got {dim}")
     return np.random.default_rng([seed, dim, 1]).standard_normal((dim, dim))
 
 
@@ -101,6 +103,12 @@ class _TurboCodec(Codec):
         bits, flags, seed = reader.unpack("<BBQ")
         if bits not in (3, 4) or flags > 3:
             raise CorruptStreamError(f"{self.codec_id} stream has bad parameters")
+        dense = d & (d - 1) != 0 or flags & 1
+        if dense and d > MAX_DENSE_DIM:  # refused before a single index is decoded
+            raise CorruptStreamError(
+                f"{self.codec_id} stream declares head_dim {d}, over {MAX_DENSE_DIM} for a "
+                "dense rotation or QJL matrix"
+            )
         norm_dt = SCALE_DTYPES["fp32" if flags & 2 else "fp16"]
         norm = reader.array(norm_dt.str, heads * seq_len).astype(np.float64)
         n = heads * seq_len * d

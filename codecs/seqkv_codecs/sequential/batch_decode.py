@@ -54,13 +54,27 @@ def decode_tokens_batch(
         except CorruptStreamError as exc:
             cursors.append(exc)
             continue
+        # Each stream is checked on its own: a damaged one fails in place, not the batch.
         if model.vocab_size != info.vocab_size:
-            raise CodecError(
-                f"the token stream was coded with a {info.vocab_size}-token vocabulary; "
-                f"this model has {model.vocab_size}: use the model that encoded it"
+            cursors.append(
+                CodecError(
+                    f"the token stream was coded with a {info.vocab_size}-token vocabulary; "
+                    f"this model has {model.vocab_size}: use the model that encoded it"
+                )
             )
+            continue
         n = info.n_tokens
-        state = model.start(n - 1) if n > 1 else None
+        limit = getattr(model, "max_context", None)
+        if limit is not None and n > limit:
+            cursors.append(
+                CorruptStreamError(f"token stream claims {n} tokens, past the model's {limit}")
+            )
+            continue
+        try:
+            state = model.start(n - 1) if n > 1 else None
+        except Exception as exc:  # the model refuses this stream's length (its context, memory)
+            cursors.append(CorruptStreamError(f"token stream of {n} tokens: {exc}"))
+            continue
         cursors.append(_Cursor(chunks, np.zeros(n, dtype=np.int64), state))
         precision[k] = info.precision_bits
     for k, c in enumerate(cursors):

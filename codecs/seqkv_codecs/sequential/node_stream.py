@@ -65,7 +65,25 @@ def encode_node(low: np.ndarray, freq: np.ndarray, precision_bits: int) -> bytes
 class NodeDecoder:
     """Decodes one node's tokens one row at a time; ``close`` checks length and checksum."""
 
-    def __init__(self, data: bytes, n_tokens: int, check: int, precision_bits: int) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        n_tokens: int,
+        check: int,
+        precision_bits: int,
+        max_tokens: int | None = None,
+    ) -> None:
+        # n_tokens comes from the archive's node table: it sizes the output, so bound it first
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+            raise CorruptStreamError(f"a trie node claims {n_tokens!r} tokens")
+        if max_tokens is not None and n_tokens > max_tokens:
+            raise CorruptStreamError(
+                f"a trie node claims {n_tokens} tokens, more than the {max_tokens} allowed"
+            )
+        if not isinstance(precision_bits, int) or not 1 <= precision_bits <= 31:
+            raise CorruptStreamError(
+                f"precision_bits must be an integer in 1..31, not {precision_bits!r}"
+            )
         self.n, self.check, self.precision = n_tokens, check, precision_bits
         self.out = np.zeros(n_tokens, dtype=np.int64)
         self.pos = 0
