@@ -12,6 +12,7 @@ from seqkv_cli.fsutil import ensure_writable_dir
 from seqkv_cli.skv.blocks import to_tensor
 from seqkv_cli.skv.layout import capture_meta_of, kv_part, section_name
 
+KINDS = ("key", "value")
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
 
 
@@ -67,7 +68,7 @@ class Archive:
         if self._canon is None:
             from seqkv_cli.skv.compress import _load_canonical
 
-            canon, ident = _load_canonical(self._model_spec)
+            canon, ident = _load_canonical(self._model_spec, self.codec.numerics)
             want = self.model.get("fingerprint", "?")
             if ident["fingerprint"] != want:
                 raise SeqkvError(
@@ -229,8 +230,18 @@ class Archive:
             from seqkv_cli.trie.pervector import restore_pervector
 
             results = restore_pervector(self, list(by_index), reads)
+        from seqkv_cli.trie.sources import ppl_milli
+
         for s, result in results:
             entry = by_index[s]
+            stored = self.trie.sessions[s].log2_ppl_milli
+            if not isinstance(result, Exception) and ppl_milli(result.surprisal) != stored:
+                # the session table's log2 PP is the one redundant record of a session's
+                # length and path: a changed end or end node shows up here
+                result = SeqkvError(
+                    f"its restored log2 PP ({ppl_milli(result.surprisal) / 1000:.3f}) is not "
+                    f"the one its table records ({stored / 1000:.3f}): the archive is damaged"
+                )
             if isinstance(result, Exception):
                 result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
             yield entry, result
@@ -243,7 +254,9 @@ class Archive:
 
         def read(part: str) -> bytes | None:
             name = session_part(where["segment"], where["local"], part)
-            return self.reader.read_section(name) if name in owned else None
+            return _checked_part(
+                entry, part, self.reader.read_section(name) if name in owned else None
+            )
 
         return read
 
@@ -259,17 +272,32 @@ class Archive:
 
         def read(part: str) -> bytes | None:
             name = section_name(i, part)
-            return self.reader.read_section(name) if name in owned else None
+            return _checked_part(
+                entry, part, self.reader.read_section(name) if name in owned else None
+            )
 
         return read
 
     def _restore_pervector(self, entry: dict):
         from seqkv_cli.kvcapture.capture_file import Capture
 
-        i = entry["index"]
-        tokens = np.frombuffer(self.reader.read_section(section_name(i, "tokens")), "<u4")
-        surprisal = np.frombuffer(self.reader.read_section(section_name(i, "surprisal")), "<f8")
-        n = entry["positions"]
+        i, n = entry["index"], entry["positions"]
+        raw_tokens = self.reader.read_section(section_name(i, "tokens"))
+        raw_surprisal = self.reader.read_section(section_name(i, "surprisal"))
+        if len(raw_tokens) != 4 * n or len(raw_surprisal) != 8 * max(n - 1, 0):
+            raise SeqkvError(f"{self.path}: session {entry['id']} has inconsistent lengths")
+        tokens = np.frombuffer(raw_tokens, "<u4")
+        surprisal = np.frombuffer(raw_surprisal, "<f8")
+        # every K/V block the session owns is restored: a header claiming fewer layers than
+        # the file holds would otherwise drop some silently
+        layers = entry["shapes"]["num_layers"]
+        want = {section_name(i, kv_part(k, kind)) for k in range(layers) for kind in KINDS}
+        held = {name for name in entry["sections"] if "/layers." in name}
+        if held != want:
+            raise SeqkvError(
+                f"{self.path}: session {entry['id']} holds K/V blocks for other layers than "
+                f"the {layers} its header says"
+            )
         if tokens.shape[0] != n or surprisal.shape[0] != max(n - 1, 0):
             raise SeqkvError(f"{self.path}: session {entry['id']} has inconsistent lengths")
         layers = range(entry["shapes"]["num_layers"])
@@ -299,6 +327,8 @@ def _check_entry(path: Path, entry) -> None:
             _int_in(shapes.get(k), 1, 0xFFFF) for k in ("num_layers", "num_kv_heads", "head_dim")
         )
         and isinstance(entry.get("sections", []), list)
+        and all(isinstance(name, str) for name in entry.get("sections", []))
+        and isinstance(entry.get("capture_meta", {}), dict)
     )
     if not ok:
         raise SeqkvError(f"{path}: malformed session entry in the header: {str(entry)[:80]!r}")
@@ -307,6 +337,15 @@ def _check_entry(path: Path, entry) -> None:
             f"{path}: session {entry['id']!r} claims {entry['positions']} positions, "
             f"over the limit of {MAX_POSITIONS}"
         )
+
+
+def _checked_part(entry: dict, part: str, data: bytes | None) -> bytes | None:
+    """A session's own part, refused when its size cannot be what the entry says."""
+    if part == "surprisal" and data is not None:
+        want = 8 * max(entry["positions"] - 1, 0)
+        if len(data) != want:
+            raise SeqkvError(f"its stored surprisal holds {len(data)} bytes, not {want}")
+    return data
 
 
 def _int_in(value, low: int, high: int) -> bool:

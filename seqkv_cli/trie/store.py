@@ -125,6 +125,8 @@ def entries(contents: TrieContents, section_sizes: dict[str, int], read=None) ->
             raise SeqkvError(f"session {rec.id!r}: its profile is missing or malformed")
         prefix = session_part(rec.segment, local, "")
         node = contents.nodes[rec.end_node]
+        if not isinstance(profile.get("capture_meta", {}), dict):
+            raise SeqkvError(f"session {rec.id!r}: its profile's capture metadata is malformed")
         meta = dict(profile.get("capture_meta", {}), **rec.extra)
         own = sorted(n for n in section_sizes if n.startswith(prefix))
         positions, centroid = node.start + rec.end, None

@@ -23,7 +23,9 @@ _HEAD = struct.Struct("<4sBB")  # magic, version, flags
 FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in the segment)
 # The session names and profiles are what a flat file keeps in its JSON index, so they get
 # the index's cap once inflated; a zlib bomb stops there instead of filling memory.
+# Within that cap, a segment's names may take 1 MiB plus 64 KiB per session it declares.
 MAX_NAMES_BYTES = MAX_INDEX_BYTES
+NAMES_BYTES_BASE, NAMES_BYTES_PER_SESSION = 1 << 20, 64 << 10
 MAX_JSON_DEPTH = 32  # profiles and extras are capture metadata: a few levels, never hundreds
 
 
@@ -186,7 +188,8 @@ def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
         sessions.append(SessionRecord("", end_node, -1 if end is None else end, ppl, profile))
         previous = end_node
     try:
-        strings = json.loads(_inflate(r.take(r.varint()), MAX_NAMES_BYTES, r))
+        limit = min(MAX_NAMES_BYTES, NAMES_BYTES_BASE + NAMES_BYTES_PER_SESSION * n_sessions)
+        strings = json.loads(_inflate(r.take(r.varint()), limit, r))
         profiles, rows = strings["profiles"], strings["sessions"]
     except (zlib.error, ValueError, KeyError, TypeError, RecursionError):
         raise r.fail("its session names do not decompress") from None

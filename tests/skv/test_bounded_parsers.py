@@ -276,3 +276,66 @@ def test_a_damaged_stream_does_not_abort_the_batch():
     assert isinstance(results[0], CodecError) and "60-token vocabulary" in str(results[0])
     assert np.array_equal(results[1], tokens)
     assert isinstance(results[2], CorruptStreamError) and "past the model's 20" in str(results[2])
+
+
+# -- found by the structure-aware fuzzer (test_structure_fuzz.py) ----------------------------
+
+
+def _forged(tmp_path, source, change):
+    header, sections = take_apart(source)
+    change(header, sections)
+    path = tmp_path / "forged.skv"
+    path.write_bytes(put_together(header, sections))
+    return path
+
+
+def test_flat_surprisal_of_a_wrong_length_is_refused(small_files, tmp_path):
+    def change(header, sections):
+        sections["s0/surprisal"] = sections["s0/surprisal"][:-3]  # ValueError before
+
+    results = _restore_all(_forged(tmp_path, small_files["lossless", "flat"], change))
+    assert isinstance(results[0], SeqkvError) and "inconsistent lengths" in str(results[0])
+
+
+def test_header_claiming_fewer_layers_than_the_file_holds_is_refused(small_files, tmp_path):
+    def change(header, sections):
+        header["sessions"][0]["shapes"]["num_layers"] = 1  # restored 1 of 2 layers before
+
+    results = _restore_all(_forged(tmp_path, small_files["turbo3", "flat"], change))
+    assert isinstance(results[0], SeqkvError) and "other layers" in str(results[0])
+    assert not isinstance(results[1], Exception)
+
+
+def test_non_dict_capture_meta_is_refused(small_files, tmp_path):
+    from seqkv_cli.skv.restore import Archive
+
+    def change(header, sections):
+        header["sessions"][0]["capture_meta"] = 2  # TypeError before
+
+    with pytest.raises(SeqkvError, match="malformed session entry"):
+        Archive(_forged(tmp_path, small_files["lossless", "flat"], change))
+
+
+def test_trie_session_whose_end_was_changed_is_refused(small_files, tmp_path):
+    def change(header, sections):
+        t = read_tables(sections["t1/index"])
+        t.sessions[0].end -= 1  # restored a shorter session, silently, before
+        sections["t1/index"] = encode_tables(t, 0)
+
+    results = _restore_all(_forged(tmp_path, small_files["turbo3", "trie"], change))
+    # the table's log2 PP, or the session's own surprisal part, no longer fits the path
+    assert isinstance(results[0], SeqkvError)
+    assert "log2 PP" in str(results[0]) or "stored surprisal" in str(results[0])
+
+
+def test_trie_session_surprisal_of_a_wrong_length_is_refused(small_files, tmp_path):
+    _, sections = take_apart(small_files["lossless", "trie"])
+    own = [n for n in sections if n.endswith("/surprisal") and n.count("/") == 2]
+    if not own:
+        pytest.skip("no session stores its own surprisal in this archive")
+
+    def change(header, sections):
+        sections[own[0]] = sections[own[0]][:-3]  # ValueError before
+
+    results = _restore_all(_forged(tmp_path, small_files["lossless", "trie"], change))
+    assert any(isinstance(r, SeqkvError) and "stored surprisal" in str(r) for r in results)
