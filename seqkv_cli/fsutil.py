@@ -1,8 +1,16 @@
-"""Small filesystem checks shared by commands that write files."""
+"""Small filesystem helpers shared by commands that write files.
+
+The rules they enforce: refuse an output that is also an input, write through a temporary
+sibling renamed into place (never a half-written file under the real name), give files the
+permissions the user's umask asks for, and only ever delete what this run created.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
@@ -16,3 +24,92 @@ def ensure_writable_dir(folder: Path) -> None:
         raise SeqkvError(f"cannot create output directory {folder}: {exc.strerror}") from None
     if not os.access(folder, os.W_OK):
         raise SeqkvError(f"output directory {folder} is not writable")
+
+
+def make_output_dir(folder: Path) -> list[Path]:
+    """Like `ensure_writable_dir`, but return the directories this call created (outermost
+    first), so that a run that fails can remove exactly those and nothing else."""
+    folder = Path(folder)
+    created = []
+    probe = folder.absolute()
+    while not probe.exists() and probe != probe.parent:
+        created.append(probe)
+        probe = probe.parent
+    ensure_writable_dir(folder)
+    return created[::-1]
+
+
+def remove_created_dirs(created: list[Path]) -> None:
+    """Remove directories `make_output_dir` created, innermost first, if they are empty."""
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """True when `a` and `b` name one file (symlinks, `..` and hard links resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare the resolved names
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def refuse_output_in_inputs(out: Path, inputs: Iterable[Path], option: str = "-o") -> None:
+    """Writing `out` would destroy an input it is reading: refuse before any work."""
+    for path in inputs:
+        if same_file(out, path):
+            raise SeqkvError(
+                f"{option} {out} is also an input ({path}); writing it would destroy the "
+                "input: choose another output name"
+            )
+
+
+def file_mode() -> int:
+    """0o666 minus the umask: what `open()` would give a new file (0644 under umask 022).
+
+    tempfile.mkstemp creates files 0600; files seqkv publishes should not stay private.
+    The umask is read by setting a strict one for an instant, so a thread creating a file
+    meanwhile gets a file that is more private, never less.
+    """
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of `path` to write to; renamed over `path` when the block succeeds,
+    deleted when it fails (the real name never holds a half-written file)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        discard_quietly(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def discard_quietly(path: Path) -> None:
+    """Delete a temporary file of ours; a failure here must never hide the error that led
+    to it (on a read-only mount even unlinking a missing file fails)."""
+    with contextlib.suppress(OSError):
+        Path(path).unlink(missing_ok=True)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable; platforms that cannot open a directory skip it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

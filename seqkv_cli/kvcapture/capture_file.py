@@ -9,18 +9,19 @@ transformers caches them; string metadata under ``__metadata__``.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import atomic_path
 
 CAPTURE_FORMAT = "seqkv.capture"
 CAPTURE_VERSION = 1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+MAX_TOKEN_ID = 2**32 - 1  # containers store token ids as <u4
+_COUNTS = ("positions", "num_layers", "num_kv_heads", "head_dim")
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Capture:
 
 def save_capture(capture: Capture, path: Path) -> int:
     """Write atomically (temp file + rename); return the bytes written."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors = {
@@ -61,18 +63,14 @@ def save_capture(capture: Capture, path: Path) -> int:
     for i, (k, v) in enumerate(zip(capture.keys, capture.values, strict=True)):
         tensors[f"layers.{i}.key"] = k.contiguous()
         tensors[f"layers.{i}.value"] = v.contiguous()
-    meta = {"format": CAPTURE_FORMAT, "format_version": str(CAPTURE_VERSION)}
-    meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in capture.meta.items()})
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in capture.meta.items()}
+    meta.update(format=CAPTURE_FORMAT, format_version=str(CAPTURE_VERSION))  # never the caller's
     try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
+        with atomic_path(Path(path)) as tmp:  # umask-respecting mode, renamed into place
+            save_file(tensors, tmp, metadata=meta)
+        return Path(path).stat().st_size
+    except (OSError, SafetensorError) as exc:  # disk full, read-only: one line, no leftovers
+        raise SeqkvError(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 _JSON_META = {"num_layers", "num_kv_heads", "head_dim", "positions", "versions", "truncated"}
@@ -94,18 +92,36 @@ def _read(path: Path | str, *, with_tensors: bool, only: tuple[str, ...] | None 
         raise SeqkvError(f"{path} is not a capture file (not safetensors: {exc})") from None
     if raw_meta.get("format") != CAPTURE_FORMAT:
         raise SeqkvError(f"{path} is a safetensors file but not a seqkv capture")
-    version = int(raw_meta.get("format_version", "0"))
-    if version > CAPTURE_VERSION:
+    version = raw_meta.get("format_version", "0")
+    if not (version.isascii() and version.isdigit()):
+        raise SeqkvError(f"{path}: damaged capture metadata (format_version {version[:20]!r})")
+    if int(version) > CAPTURE_VERSION:
         raise SeqkvError(f"{path} was written by a newer seqkv (capture v{version}); upgrade")
-    try:
-        meta = {
-            k: (json.loads(v) if k in _JSON_META else v)
-            for k, v in raw_meta.items()
-            if k not in ("format", "format_version")
-        }
-    except ValueError:
-        raise SeqkvError(f"{path}: damaged capture metadata") from None
+    meta = {}
+    for key, value in raw_meta.items():
+        if key in ("format", "format_version"):
+            continue
+        try:
+            meta[key] = json.loads(value) if key in _JSON_META else value
+        except (ValueError, RecursionError):
+            raise SeqkvError(f"{path}: damaged capture metadata ({key})") from None
+    _check_meta(path, meta)
     return path, meta, names, tensors
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    """What compress and decompress rely on: a known dtype and whole, sane counts."""
+    for key in ("positions", "dtype"):
+        if key not in meta:
+            raise SeqkvError(f"{path}: capture metadata lacks {key!r}; not a complete capture")
+    if meta["dtype"] not in DTYPES:
+        raise SeqkvError(
+            f"{path}: capture dtype {str(meta['dtype'])[:20]!r} is not one of {', '.join(DTYPES)}"
+        )
+    for key in _COUNTS:
+        value = meta.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+            raise SeqkvError(f"{path}: capture metadata {key}={str(value)[:20]} is not a count")
 
 
 def load_capture_meta(path: Path | str) -> dict:
@@ -118,11 +134,12 @@ def load_capture_tokens(path: Path | str):
     path, meta, _, tensors = _read(path, with_tensors=True, only=("tokens",))
     if "tokens" not in tensors:
         raise SeqkvError(f"{path} is missing tensor 'tokens'")
-    return meta, tensors["tokens"]
+    return meta, _check_tokens(path, tensors["tokens"], meta)
 
 
 def load_capture(path: Path | str) -> Capture:
-    """Read a capture file, checking its format marker and version."""
+    """Read a capture file, checking its format marker, version, and that metadata and
+    tensors agree (shapes, dtype, token range): what passes here can be compressed."""
     path, meta, names, tensors = _read(path, with_tensors=True)
     n_layers = sum(1 for n in names if n.endswith(".key"))
     try:
@@ -131,10 +148,73 @@ def load_capture(path: Path | str) -> Capture:
         tokens, surprisal = tensors["tokens"], tensors["surprisal"]
     except KeyError as exc:
         raise SeqkvError(f"{path} is missing tensor {exc.args[0]}") from None
+    tokens = _check_tokens(path, tokens, meta)
     n = int(tokens.shape[0])
-    if any(t.shape[1] != n for t in (*keys, *values)) or surprisal.shape[0] != max(n - 1, 0):
+    if surprisal.dim() != 1 or not surprisal.is_floating_point():
+        raise SeqkvError(f"{path}: tensor surprisal must be 1-D floats")
+    if surprisal.shape[0] != max(n - 1, 0):
         raise SeqkvError(f"{path}: tensor lengths disagree with {n} tokens")
+    _check_kv(path, keys, values, n, meta)
     return Capture(tokens, keys, values, surprisal, meta)
+
+
+def _check_tokens(path: Path, tokens: torch.Tensor, meta: dict) -> torch.Tensor:
+    """1-D integer ids in [0, 2^32): checked before anything casts them to <u4, where a
+    negative or huge id would wrap silently into another token."""
+    if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise SeqkvError(f"{path}: tensor tokens must be 1-D integers, got {tokens.dtype}")
+    if tokens.dtype.is_complex:
+        raise SeqkvError(f"{path}: tensor tokens must be 1-D integers, got {tokens.dtype}")
+    if int(tokens.shape[0]) != meta["positions"]:
+        raise SeqkvError(
+            f"{path}: {tokens.shape[0]} tokens, but the metadata says {meta['positions']} positions"
+        )
+    if tokens.numel():
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi > MAX_TOKEN_ID:
+            bad = lo if lo < 0 else hi
+            raise SeqkvError(f"{path}: token id {bad} is out of range (ids are 0..2^32-1)")
+    return tokens.to(torch.int64)
+
+
+def tokens_as_u4(tokens: torch.Tensor, where: str) -> bytes:
+    """Token ids as little-endian uint32 bytes, refusing ids that would wrap in the cast."""
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
+        raise SeqkvError(f"{where}: token ids must lie in 0..2^32-1 to be stored")
+    return tokens.numpy().astype("<u4").tobytes()
+
+
+def _check_kv(path: Path, keys: list, values: list, n: int, meta: dict) -> None:
+    """Every K/V tensor (heads, n, head_dim) in the capture's dtype, one shape for all."""
+    want = DTYPES[meta["dtype"]]
+    first = None
+    for i, t in enumerate(x for pair in zip(keys, values, strict=True) for x in pair):
+        name = f"layers.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
+        if t.dim() != 3:
+            raise SeqkvError(f"{path}: tensor {name} must be (heads, positions, head_dim)")
+        if t.dtype != want:
+            raise SeqkvError(
+                f"{path}: tensor {name} is {str(t.dtype).removeprefix('torch.')}, but the "
+                f"capture says {meta['dtype']}; not a consistent capture"
+            )
+        if t.shape[1] != n:
+            raise SeqkvError(f"{path}: tensor lengths disagree with {n} tokens")
+        first = first or (t.shape[0], t.shape[2])
+        if (t.shape[0], t.shape[2]) != first:
+            raise SeqkvError(f"{path}: tensor {name} has another shape than layers.0.key")
+    _check_shape_meta(path, meta, len(keys), first)
+
+
+def _check_shape_meta(path: Path, meta: dict, n_layers: int, first) -> None:
+    if first is None:
+        raise SeqkvError(f"{path}: capture holds no K/V layers")
+    found = {"num_layers": n_layers, "num_kv_heads": first[0], "head_dim": first[1]}
+    for key, value in found.items():
+        if key in meta and meta[key] != value:
+            raise SeqkvError(
+                f"{path}: metadata says {key}={meta[key]}, the tensors have {value}; "
+                "not a consistent capture"
+            )
 
 
 def to_dynamic_cache(capture: Capture, dtype: torch.dtype = torch.float32):

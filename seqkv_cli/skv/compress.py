@@ -134,8 +134,10 @@ def _add_section(writer, result, names, index: int, part: str, data: bytes, grou
 
 
 def _write_session(writer, index, cap, coder, check, result, on_progress) -> list[str]:
+    from seqkv_cli.kvcapture.capture_file import tokens_as_u4
+
     names: list[str] = []
-    tokens = np.asarray(cap.tokens.numpy(), dtype="<u4").tobytes()
+    tokens = tokens_as_u4(cap.tokens, f"session {cap.session_id}")  # refuses ids that wrap
     _add_section(writer, result, names, index, "tokens", tokens, "tokens")
     surprisal = np.asarray(cap.surprisal.numpy(), dtype="<f8").tobytes()
     _add_section(writer, result, names, index, "surprisal", surprisal, "surprisal")
