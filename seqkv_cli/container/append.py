@@ -24,9 +24,13 @@ from seqkv_cli.container.index import IndexRecord, Region
 from seqkv_cli.container.reader import ContainerReader
 from seqkv_cli.container.writer import Buffer, SectionSink, WriteResult
 
+# Appends are serialised with flock. Windows has no fcntl module: there, `archive add` and
+# `archive compact` refuse with one line (ContainerWriteError) rather than append unlocked,
+# since two unlocked appenders would truncate each other's committed segment and silently
+# lose one add. Reading, compress and decompress do not lock and work everywhere.
 try:
     import fcntl
-except ImportError:  # Windows has no flock; concurrent appenders must be kept apart there
+except ImportError:
     fcntl = None  # type: ignore[assignment]
 
 
@@ -98,7 +102,12 @@ def _open_locked(path: str, on_wait) -> BinaryIO:
         except OSError as error:
             raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from None
         if fcntl is None:
-            return file
+            file.close()
+            raise ContainerWriteError(
+                path,
+                "cannot lock for append: this platform has no flock (fcntl), so appending "
+                "could lose a concurrent writer's sessions; add or compact on Linux or macOS",
+            )
         try:
             try:
                 fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

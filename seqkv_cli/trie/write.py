@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import secrets
+import socket
+import threading
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
@@ -44,6 +49,7 @@ def build_segment(
     from seqkv_cli.sequential.session_codecs import SessionCodec
 
     if isinstance(coder, SessionCodec):
+        refuse_out_of_vocab(sources, canon.vocab_size)
         build = encode_model_segment(
             trie, first_new, sources, ends, coder, canon, on_progress, members or {}
         )
@@ -77,23 +83,93 @@ def write_new(out: Path, build: SegmentBuild, coder, header_model: dict, meta: d
         "meta": meta,
         "trie": {"version": TRIE_VERSION},
     }
+    clean_stale_staging(out)
     with ContainerWriter(staging(out)) as writer:
         for name, data in segment_sections(build, 1):
             writer.add_section(name, data)
         return writer.finish(header).file_bytes
 
 
+def refuse_out_of_vocab(sources: list[Source], vocab: int) -> None:
+    """The model embeds only ids below its vocabulary; refuse others before any model work."""
+    for src in sources:
+        if len(src.tokens) and (src.tokens.min() < 0 or src.tokens.max() >= vocab):
+            raise SeqkvError(
+                f"session {src.session_id}: token ids must lie in [0, {vocab}) for this model, "
+                f"got {src.tokens.min()}..{src.tokens.max()}"
+            )
+
+
+# Staging files: `.{out}.{host}-{pid}-{random}.staging`. The name is unique to one run, so
+# two compresses to the same output never delete or publish each other's file, and it names
+# its writer, so a later run deletes the ones whose writer died (SIGKILL leaves them behind).
+_STAGED: dict[tuple[str, int], Path] = {}
+_SUFFIX = ".staging"
+
+
 def staging(out: Path) -> Path:
-    return out.with_name(f".{out.name}.staging")
+    """This run's staging file for `out` (the same path from write_new to publish/discard)."""
+    key = (os.path.abspath(out), threading.get_ident())
+    if key not in _STAGED:
+        tag = f"{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
+        _STAGED[key] = Path(out).with_name(f".{Path(out).name}.{tag}{_SUFFIX}")
+    return _STAGED[key]
 
 
 def publish(out: Path) -> None:
+    """Rename this run's staging file over `out` and make the rename durable."""
+    from seqkv_cli.fsutil import discard_quietly, fsync_dir
+
+    tmp = _STAGED.pop((os.path.abspath(out), threading.get_ident()), None)
+    if tmp is None:
+        raise SeqkvError(f"cannot write {out}: nothing was staged for it")
     try:
-        os.replace(staging(out), out)
+        os.replace(tmp, out)
     except OSError as exc:
-        staging(out).unlink(missing_ok=True)
+        discard_quietly(tmp)
         raise SeqkvError(f"cannot write {out}: {exc.strerror}") from None
+    fsync_dir(Path(out).absolute().parent)
 
 
 def discard(out: Path) -> None:
-    staging(out).unlink(missing_ok=True)
+    """Delete this run's staging file; quietly, so the error that led here stays the one shown."""
+    from seqkv_cli.fsutil import discard_quietly
+
+    tmp = _STAGED.pop((os.path.abspath(out), threading.get_ident()), None)
+    if tmp is not None:
+        discard_quietly(tmp)
+
+
+def clean_stale_staging(out: Path) -> list[Path]:
+    """Delete staging files of `out` (and the container writer's temporaries of them) left
+    by writers on this host that no longer run; live writers' files are kept."""
+    removed = []
+    folder, prefix = Path(out).absolute().parent, f".{Path(out).name}.{_host_tag()}-"
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            name = entry.name.removeprefix(".") if entry.name.startswith("..") else entry.name
+            if not (name.startswith(prefix) and name.endswith((_SUFFIX, ".tmp"))):
+                continue
+            pid = name[len(prefix) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill(pid, 0) is a Ctrl-C
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but not ours (EPERM), or the platform cannot tell: keep it
+        return True
+    return True
+
+
+def _host_tag() -> str:
+    """Short and file-name safe; PIDs only mean something on the host that made them."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
