@@ -51,7 +51,7 @@ def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None
         contents = store.load(reader, Path(path), max_context=store.MAX_POSITIONS)
         coder = resolve_codec(header["pipeline"][0])
         _check_new(sources, contents, header, path)
-        before = reader.size
+        before = reader.slot.committed_end  # a torn tail of a killed add is dropped, not kept
         first_new, segment = len(contents.nodes), len(contents.segments) + 1
         canon, source = _model_side(coder, contents, reader, model, header, path)
         trie = Trie()
