@@ -8,6 +8,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_codecs.errors import CodecError
@@ -25,7 +26,7 @@ def handle_errors(func):
         try:
             return func(*args, **kwargs)
         except (SeqkvError, CodecError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -51,9 +52,24 @@ def quiet_libraries() -> None:
         logging.disable_progress_bar()
 
 
+# Control characters (ESC starts ANSI/OSC sequences that retitle or recolour a terminal)
+# and bidi overrides are shown as \xNN; ids and paths come from files anyone can craft.
+_UNPRINTABLE = {
+    c: f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}"
+    for c in (*range(32), *range(127, 160), *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
+
+
+def shown(value: object) -> str:
+    """Any path, id or message, safe to print: control characters made visible, Rich
+    markup escaped (a "[/x]" in a name would otherwise raise MarkupError)."""
+    return escape(str(value).translate(_UNPRINTABLE))
+
+
 def say(message: str) -> None:
-    """Status lines go to stderr so that stdout stays clean for data."""
-    err_console.print(message, highlight=False)
+    """Status lines go to stderr so that stdout stays clean for data (printed as plain text:
+    the paths and ids in them are not markup)."""
+    err_console.print(shown(message), highlight=False)
 
 
 def human_bytes(n: float) -> str:

@@ -8,7 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes
+from seqkv_cli.commands._common import (
+    console,
+    err_console,
+    handle_errors,
+    human_bytes,
+    shown,
+)
 from seqkv_cli.commands.capture import ModelOption
 from seqkv_cli.errors import SeqkvError
 
@@ -47,12 +53,12 @@ def list_command(archive: ArchiveArg) -> None:
     from seqkv_cli.trie.summary import session_rows
 
     rows, note = session_rows(archive)
-    table = Table(title=f"{archive}: {len(rows)} session(s)")
+    table = Table(title=f"{shown(archive)}: {len(rows)} session(s)")
     for col in ("id", "tokens", "own bytes", "shared prefix", "segment"):
         table.add_column(col, justify="left" if col == "id" else "right")
     for r in rows:
         table.add_row(
-            r["id"],
+            shown(r["id"]),
             f"{r['positions']:,}",
             human_bytes(r["own_bytes"]),
             f"{r['shared_prefix']:,}",
@@ -60,7 +66,7 @@ def list_command(archive: ArchiveArg) -> None:
         )
     console.print(table)
     if note:
-        console.print(note)
+        console.print(shown(note), highlight=False)
 
 
 @archive_app.command("extract")
@@ -72,17 +78,22 @@ def extract_command(
     model: ModelOption = None,
 ) -> None:
     """Restore one session (only the nodes on its path are decoded) as a capture file."""
-    from seqkv_cli.fsutil import ensure_writable_dir
+    from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import save_capture
     from seqkv_cli.skv.restore import Archive
 
     if out.is_dir():
         raise SeqkvError(f"{out} is a directory; give the capture file's name")
+    refuse_output_in_inputs(out, [archive])
     ensure_writable_dir(out.parent)
     with Archive(archive, model=model) as arc:
         restored = arc.restore(arc.session(session_id))
     size = save_capture(restored, out)
-    console.print(f"{session_id}: {restored.positions:,} positions -> {out} ({human_bytes(size)})")
+    console.print(
+        f"{shown(session_id)}: {restored.positions:,} positions -> {shown(out)} "
+        f"({human_bytes(size)})",
+        highlight=False,
+    )
 
 
 @archive_app.command("compact")
@@ -100,8 +111,9 @@ def compact_command(
     before = archive.stat().st_size if archive.is_file() else 0
     res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup)
     console.print(
-        f"{archive}: {res.sessions} session(s), {human_bytes(before)} -> "
-        f"{human_bytes(res.file_bytes)}"
+        f"{shown(archive)}: {res.sessions} session(s), {human_bytes(before)} -> "
+        f"{human_bytes(res.file_bytes)}",
+        highlight=False,
     )
 
 

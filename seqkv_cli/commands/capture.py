@@ -9,7 +9,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes, say
+from seqkv_cli.commands._common import (
+    console,
+    err_console,
+    handle_errors,
+    human_bytes,
+    say,
+    shown,
+)
 
 ModelOption = Annotated[
     str | None,
@@ -74,13 +81,13 @@ def capture_command(
         progress=say,
     )
     mode = "canonical" if canonical else "ordinary"
-    table = Table(title=f"captured with {lm.name} ({mode} numerics, {dtype})")
+    table = Table(title=f"captured with {shown(lm.name)} ({mode} numerics, {dtype})")
     for col in ("session", "tokens", "log2 PP (bits/token)", "file", "bytes"):
         table.add_column(col, justify="left" if col in ("session", "file") else "right")
     with token_progress() as bar:
         task = bar.add_task("capturing", total=plan.total_tokens)
         for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True):
-            bar.update(task, description=f"capturing {doc.id}")
+            bar.update(task, description=f"capturing {shown(doc.id)}")
             res = capture_one(
                 lm,
                 doc,
@@ -91,10 +98,10 @@ def capture_command(
                 on_progress=lambda n: bar.advance(task, n),
             )
             table.add_row(
-                doc.id,
+                shown(doc.id),
                 str(res.capture.positions),
                 f"{res.capture.log2_ppl:.3f}",
-                str(target),
+                shown(target),
                 human_bytes(res.bytes_written),
             )
     console.print(table)

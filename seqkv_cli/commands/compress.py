@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, handle_errors, human_bytes
+from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
 from seqkv_cli.commands.capture import ModelOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
@@ -55,6 +55,7 @@ def compress_command(
     ] = False,
 ) -> None:
     """Compress captures into one self-describing .skv container."""
+    from seqkv_cli.fsutil import refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
     from seqkv_cli.skv.compress import compress_captures, resolve_codec
 
@@ -69,6 +70,7 @@ def compress_command(
     else:
         spec = codec
     resolve_codec(spec)  # refuse an unknown id before reading any capture
+    refuse_output_in_inputs(out, captures)
     total = sum(load_capture_meta(p)["positions"] for p in captures)
     with token_progress() as bar:
         task = bar.add_task(f"compressing ({codec})", total=total)
@@ -83,7 +85,7 @@ def compress_command(
             on_progress=lambda n: bar.advance(task, n),
         )
     bits = res.file_bytes * 8 / max(res.positions, 1)
-    table = Table(title=f"{out}: {res.sessions} session(s), {res.positions:,} positions")
+    table = Table(title=f"{shown(out)}: {res.sessions} session(s), {res.positions:,} positions")
     for col in ("part", "bytes", "bits/position"):
         table.add_column(col, justify="left" if col == "part" else "right")
     for part, n in sorted(res.part_bytes.items()):
@@ -107,13 +109,13 @@ def decompress_command(
     ] = None,
 ) -> None:
     """Restore sessions of a container as capture files (safetensors)."""
-    from seqkv_cli.skv.restore import decompress
+    from seqkv_cli.skv.decompress import decompress
 
     paths = decompress(
         archive,
         out,
         session or None,
-        on_session=lambda e, p: console.print(f"{e['id']}: {p}"),
+        on_session=lambda e, p: console.print(f"{shown(e['id'])}: {shown(p)}", highlight=False),
         model=model,
     )
-    console.print(f"restored {len(paths)} session(s) into {out}")
+    console.print(f"restored {len(paths)} session(s) into {shown(out)}", highlight=False)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from seqkv_cli.commands._common import console, handle_errors, say
 from seqkv_cli.errors import SeqkvError
@@ -81,7 +80,7 @@ def report_command(
     Exit status: 0 when every gate passes, 1 when a threshold is crossed (the failing
     sessions are named), 2 for bad input.
     """
-    from seqkv_cli.fsutil import ensure_writable_dir
+    from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
     from seqkv_cli.report import outputs
     from seqkv_cli.report.collect import ReportOptions, build_report, check_codecs
     from seqkv_cli.report.gate import Thresholds, check, summary
@@ -99,15 +98,17 @@ def report_command(
         )
     files = {"--json": json_out, "--csv": csv_out, "--parquet": parquet_out}
     files["--markdown"] = markdown_out
+    read = [f for p in inputs for f in (p.iterdir() if p.is_dir() else [p])]
     for option, path in files.items():
         if path is not None:
             outputs.check_output_file(path, option)
+            refuse_output_in_inputs(path, read, option)
     if plots is not None:
         ensure_writable_dir(plots)
     options = ReportOptions(names, model, verify, continuation, window)
-    report = build_report(list(inputs), options, progress=lambda m: say(escape(m)))
+    report = build_report(list(inputs), options, progress=say)
     for note in report.notes:
-        say(f"note: {escape(note)}")
+        say(f"note: {note}")
     if not report.rows:
         raise SeqkvError("nothing to report: no row could be computed (see the notes above)")
     console.print(session_table(report.rows, continuation))

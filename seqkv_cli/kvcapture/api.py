@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import ensure_writable_dir
+from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture, save_capture
 from seqkv_cli.kvcapture.engine import run_capture, tokenize
-from seqkv_cli.kvcapture.inputs import Document, read_inputs
+from seqkv_cli.kvcapture.inputs import Document, read_inputs, unique_stems
 
 
 @dataclass
@@ -66,9 +66,24 @@ def output_paths(out: Path, documents: list[Document]) -> list[Path]:
             )
         targets, folder = [out], out.parent
     else:
-        targets, folder = [out / f"{d.file_stem}.safetensors" for d in documents], out
+        stems = unique_stems([d.id for d in documents])  # refuses ids sharing a file name
+        targets, folder = [out / f"{stems[d.id]}.safetensors" for d in documents], out
     ensure_writable_dir(folder)
     return targets
+
+
+def _input_files(inputs: list[str]) -> list[Path]:
+    """The files `read_inputs` reads (a directory's files, not the directory itself)."""
+    files = []
+    for raw in inputs:
+        path = Path(raw)
+        if raw == "-":
+            continue
+        if path.is_dir():
+            files.extend(p for p in path.iterdir() if p.is_file())
+        else:
+            files.append(path)
+    return files
 
 
 def prepare_capture(
@@ -88,6 +103,10 @@ def prepare_capture(
         raise SeqkvError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
     documents = read_inputs([inputs] if isinstance(inputs, str) else list(inputs))
     targets = output_paths(Path(out), documents) if out is not None else [None] * len(documents)
+    inputs_read = _input_files([inputs] if isinstance(inputs, str) else list(inputs))
+    for target in targets:
+        if target is not None:
+            refuse_output_in_inputs(target, inputs_read)
     lm = model if isinstance(model, LoadedModel) else load_model(model, progress=progress)
     plan = plan_capture(lm, documents, max_tokens=max_tokens, truncate=truncate)
     return lm, plan, targets

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -11,6 +12,35 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_STEM = 120  # bytes; names stay well under the 255-byte limit with suffix and temp prefix
+
+
+def file_stem_for(session_id: str) -> str:
+    """The file name stem of a session: the id itself when it is a short, safe name;
+    otherwise its safe characters plus a hash of the whole id, so that ids which sanitise
+    alike ("a b" and "a_b", "x/y" and "x_y", "." and "..") never share a file."""
+    stem = _SAFE_ID.sub("_", session_id).strip("._")
+    if stem == session_id and 0 < len(stem) <= MAX_STEM:
+        return stem
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{stem[: MAX_STEM - 11] or 'session'}-{digest}"
+
+
+def unique_stems(session_ids: list[str]) -> dict[str, str]:
+    """Each id's file stem; refuse two ids whose files would be one (names compared without
+    case: macOS and Windows file systems do not tell "A" from "a")."""
+    stems: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for session_id in session_ids:
+        stem = file_stem_for(session_id)
+        other = owner.setdefault(stem.casefold(), session_id)
+        if other != session_id:
+            raise SeqkvError(
+                f"sessions {other!r} and {session_id!r} would both be written to "
+                f"{stem}.safetensors; rename one of them"
+            )
+        stems[session_id] = stem
+    return stems
 
 
 @dataclass(frozen=True)
@@ -24,7 +54,7 @@ class Document:
 
     @property
     def file_stem(self) -> str:
-        return _SAFE_ID.sub("_", self.id).strip("._") or "session"
+        return file_stem_for(self.id)
 
 
 def read_inputs(paths: list[str]) -> list[Document]:

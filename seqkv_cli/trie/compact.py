@@ -8,6 +8,9 @@ replaced atomically, only after the new file restores every session bit for bit.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,7 +21,8 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
     from seqkv_cli.container import locked_for_append
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.skv.compress import compress_captures, supports_trie
-    from seqkv_cli.skv.restore import Archive, decompress
+    from seqkv_cli.skv.decompress import decompress
+    from seqkv_cli.skv.restore import Archive
 
     path = Path(path)
     if not path.is_file():
@@ -34,19 +38,44 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
                 raise SeqkvError(
                     f"codec {arc.codec.codec_id} keeps the flat layout; nothing to compact"
                 )
+            refuse_lossy(path, arc.codec)
         lm = None
         if needs_model:
             lm = model if isinstance(model, LoadedModel) else load_model(model)
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.compact.") as tmp:
-            files = decompress(path, Path(tmp), model=lm)
-            by_id = {f.stem: f for f in files}
-            ordered = [by_id[_stem(i)] for i in ids]
+        clean_stale_scratch(path)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=_scratch_prefix(path)) as tmp:
+            ordered = decompress(path, Path(tmp), model=lm, numbered=True)
+            if len(ordered) != len(ids):
+                raise SeqkvError(f"{path}: not every session restored; archive left as it was")
             return compress_captures(
                 ordered, path, codec=spec, model=lm, check=True, near_dup=near_dup
             )
 
 
-def _stem(session_id: str) -> str:
-    from seqkv_cli.kvcapture.inputs import Document
+def refuse_lossy(path: Path, codec) -> None:
+    """Compact decodes and encodes every session again: with a lossy codec each compact
+    would add the codec's error once more (turbo3: 1.87 -> 2.19), and report success."""
+    if not getattr(codec, "lossless", False):
+        raise SeqkvError(
+            f"{path} uses the lossy codec {codec.codec_id}; compact would quantize its "
+            "sessions a second time: compress the original captures again instead"
+        )
 
-    return Document(id=session_id, source="").file_stem
+
+# Scratch folders `.{archive}.compact.{host}-{pid}-XXXX` hold full captures; a compact
+# killed with SIGKILL cannot remove its own, so the next one removes those of dead writers.
+def _scratch_prefix(path: Path) -> str:
+    from seqkv_cli.trie.write import _host_tag
+
+    return f".{path.name}.compact.{_host_tag()}-{os.getpid()}-"
+
+
+def clean_stale_scratch(path: Path) -> None:
+    from seqkv_cli.trie.write import _alive, _host_tag
+
+    prefix = f".{path.name}.compact.{_host_tag()}-"
+    with contextlib.suppress(OSError):
+        for entry in path.absolute().parent.iterdir():
+            pid = entry.name[len(prefix) :].split("-", 1)[0]
+            if entry.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""`decompress`: sessions of a container written back as capture files, all or nothing.
+
+Every session is first written to a temporary file of this run in the output directory;
+only when all of them restored are they renamed to their real names. A run that fails
+deletes its own temporaries (never a file that was there before, even one it would have
+replaced) and the directories it created, so the output directory is as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+
+
+def decompress(
+    path: Path,
+    out_dir: Path,
+    session_ids: list[str] | None = None,
+    on_session=None,
+    model=None,
+    numbered: bool = False,
+) -> list[Path]:
+    """Write capture files for the chosen sessions (all by default), in the order asked.
+
+    Files are named after the session ids (`file_stem_for`); `numbered` names them
+    0.safetensors, 1.safetensors... instead (compact's scratch copies, where only the order
+    matters and ids need no file-name form)."""
+    from seqkv_cli.fsutil import discard_quietly, make_output_dir, remove_created_dirs
+    from seqkv_cli.skv.restore import Archive
+
+    path, out_dir = Path(path), Path(out_dir)
+    if not path.is_file():
+        raise SeqkvError(f"no such file: {path}")
+    created = make_output_dir(out_dir)
+    staged: dict[str, Path] = {}
+    try:
+        with Archive(path, model=model) as archive:
+            entries = [archive.session(s) for s in session_ids] if session_ids else archive.sessions
+            entries = list({e["index"]: e for e in entries}.values())  # --session a --session a
+            ids = [e["id"] for e in entries]
+            targets = (
+                {i: out_dir / f"{k}.safetensors" for k, i in enumerate(ids)}
+                if numbered
+                else output_targets(out_dir, ids, path)
+            )
+            for entry, restored in archive.restore_many(entries):
+                if isinstance(restored, Exception):
+                    raise restored
+                staged[entry["id"]] = _stage(restored, targets[entry["id"]])
+        written = _publish(staged, targets, entries, on_session)
+    except BaseException:
+        for tmp in staged.values():  # only what this run wrote
+            discard_quietly(tmp)
+        remove_created_dirs(created)
+        raise
+    return written
+
+
+def output_targets(out_dir: Path, session_ids: list[str], archive: Path) -> dict[str, Path]:
+    """Each session's capture file; refuses ids that share a file and the archive itself."""
+    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.kvcapture.inputs import unique_stems
+
+    stems = unique_stems(session_ids)
+    targets = {i: out_dir / f"{stems[i]}.safetensors" for i in session_ids}
+    for target in targets.values():
+        refuse_output_in_inputs(target, [archive])
+    return targets
+
+
+def _stage(restored, target: Path) -> Path:
+    """Save `restored` under a temporary name of this run beside `target`."""
+    from seqkv_cli.fsutil import discard_quietly
+    from seqkv_cli.kvcapture.capture_file import save_capture
+
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    os.close(fd)
+    try:
+        save_capture(restored, Path(tmp))
+    except BaseException:
+        discard_quietly(Path(tmp))
+        raise
+    return Path(tmp)
+
+
+def _publish(staged: dict[str, Path], targets: dict[str, Path], entries, on_session):
+    """Rename every staged file to its real name, in the order the sessions were asked."""
+    from seqkv_cli.fsutil import discard_quietly, fsync_dir
+
+    written = []
+    for entry in entries:
+        tmp, target = staged.pop(entry["id"]), targets[entry["id"]]
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            discard_quietly(tmp)
+            raise SeqkvError(f"cannot write {target}: {exc.strerror or exc}") from None
+        written.append(target)
+        if on_session:
+            on_session(entry, target)
+    if written:
+        fsync_dir(written[0].parent)
+    return written
