@@ -1,0 +1,46 @@
+"""Write golden `seq` / `seq-fast` files ONCE, with the tiny model they were coded under.
+
+Model-coded files need the exact model: the tiny random model is stored beside them (so the
+goldens do not depend on torch's random generator), with the capture they restore to. Never
+re-run this to make a failing golden test pass; a new numeric path gets new goldens beside the
+old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from conftest import build_tiny_model
+from seqkv_cli.kvcapture.api import capture
+from seqkv_cli.skv.compress import compress_captures
+
+TEXT = (
+    "Sequential coding stores what a model can predict in few bits: the tokens, coded "
+    "under its own next-token distribution, and recomputes the rest. "
+)
+FILES = {"seq-trie": ("seq", "trie"), "seq-flat": ("seq", "flat"), "seq-fast": ("seq-fast", "trie")}
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_tiny_model(out / "model", seed=7)
+    (out / "a.txt").write_text(TEXT * 2)
+    (out / "b.txt").write_text(TEXT + "A second session branches off here.")
+    inputs = [str(out / "a.txt"), str(out / "b.txt")]
+    results = capture(inputs, out=out / "captures", model=str(model))
+    paths = [r.path for r in results]
+    expected = {}
+    for name, (codec, layout) in FILES.items():
+        res = compress_captures(
+            paths, out / f"{name}.skv", codec=codec, model=str(model), layout=layout
+        )
+        expected[name] = {"codec": codec, "layout": layout, "bytes": res.file_bytes}
+    (out / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
