@@ -22,6 +22,13 @@ ModelOption = Annotated[
     str | None,
     typer.Option("--model", "-m", help="Model folder, .gguf file or hub id (default: embedded)."),
 ]
+NumericsOption = Annotated[
+    str,
+    typer.Option(
+        help="Canonical numeric path: 'portable' (same bits on any machine, thread count or "
+        "device; the default) or 'legacy' (the earlier fp32 forward: same machine class only).",
+    ),
+]
 
 
 def token_progress() -> Progress:
@@ -67,6 +74,7 @@ def capture_command(
         bool,
         typer.Option(help="Cut inputs longer than the model context instead of refusing them."),
     ] = False,
+    numerics: NumericsOption = "portable",
 ) -> None:
     """Capture the KV cache, token ids and per-token surprisal of each input session."""
     from seqkv_cli.kvcapture.api import capture_one, prepare_capture
@@ -80,7 +88,10 @@ def capture_command(
         truncate=truncate,
         progress=say,
     )
-    mode = "canonical" if canonical else "ordinary"
+    from seqkv_cli.runtime.numerics import resolve
+
+    path = resolve(numerics)
+    mode = f"canonical {path}" if canonical else "ordinary"
     table = Table(title=f"captured with {shown(lm.name)} ({mode} numerics, {dtype})")
     for col in ("session", "tokens", "log2 PP (bits/token)", "file", "bytes"):
         table.add_column(col, justify="left" if col in ("session", "file") else "right")
@@ -96,6 +107,7 @@ def capture_command(
                 dtype=dtype,
                 canonical=canonical,
                 on_progress=lambda n: bar.advance(task, n),
+                numerics=path,
             )
             table.add_row(
                 shown(doc.id),

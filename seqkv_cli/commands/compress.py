@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import ModelOption, token_progress
+from seqkv_cli.commands.capture import ModelOption, NumericsOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
 RECOMPUTING = ("seq", "seq-fast")  # the codecs that take --residual / --tolerance
@@ -53,6 +53,7 @@ def compress_command(
             "small edit as edits of it (docs/BENCHMARKS.md, near-duplicate prefixes).",
         ),
     ] = False,
+    numerics: NumericsOption = "portable",
 ) -> None:
     """Compress captures into one self-describing .skv container."""
     from seqkv_cli.fsutil import refuse_output_in_inputs
@@ -62,7 +63,9 @@ def compress_command(
     if tolerance is not None and tolerance <= 0:
         raise SeqkvError(f"--tolerance must be > 0, got {tolerance}")
     if codec in RECOMPUTING:
-        spec = {"id": codec, "residual": residual}
+        from seqkv_cli.runtime.numerics import resolve
+
+        spec = {"id": codec, "residual": residual, "numerics": resolve(numerics)}
         if tolerance is not None:
             spec["tolerance"] = tolerance
     elif tolerance is not None:

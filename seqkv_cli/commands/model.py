@@ -26,6 +26,12 @@ def info_command(model: ModelOption = None) -> None:
     table.add_row("cache", str(cache_root()))
     kv_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
     table.add_row("fp16 KV per position", f"{kv_bits:,} bits")
+    from rich.markup import escape
+
+    from seqkv_cli.runtime.numerics import support
+
+    for path, verdict in support(lm.model).items():
+        table.add_row(f"numerics {path}", escape(verdict))
     console.print(table)
 
 

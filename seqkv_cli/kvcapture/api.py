@@ -121,8 +121,11 @@ def capture_one(
     dtype: str,
     canonical: bool,
     on_progress=None,
+    numerics: str | None = None,
 ) -> CaptureResult:
-    cap = run_capture(lm, ids, dtype=dtype, canonical=canonical, on_progress=on_progress)
+    cap = run_capture(
+        lm, ids, dtype=dtype, canonical=canonical, on_progress=on_progress, numerics=numerics
+    )
     cap.meta.update({"session_id": doc.id, "source": doc.source})
     written = save_capture(cap, target) if target is not None else 0
     return CaptureResult(doc, cap, target, written)
@@ -138,6 +141,7 @@ def capture(
     max_tokens: int | None = None,
     truncate: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    numerics: str | None = None,
 ) -> list[CaptureResult]:
     """Capture K/V of every input session; write files when `out` is given.
 
@@ -147,6 +151,15 @@ def capture(
         inputs, model=model, out=out, dtype=dtype, max_tokens=max_tokens, truncate=truncate
     )
     return [
-        capture_one(lm, doc, ids, target, dtype=dtype, canonical=canonical, on_progress=on_progress)
+        capture_one(
+            lm,
+            doc,
+            ids,
+            target,
+            dtype=dtype,
+            canonical=canonical,
+            on_progress=on_progress,
+            numerics=numerics,
+        )
         for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True)
     ]

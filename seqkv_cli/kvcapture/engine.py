@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Callable
 
 import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
+from seqkv_cli.runtime.numerics import surprisal_bits
 
 CHUNK = 256  # positions per forward call: bounds memory (logits are n x vocab)
 HF_NUMERIC_PATH = f"transformers-fp32-chunk{CHUNK}"
@@ -27,25 +27,6 @@ def tokenize(lm, doc) -> list[int]:
     return list(tok(text, add_special_tokens=False).input_ids)
 
 
-SURPRISAL_ROWS = 4  # rows per float64 log-softmax: stays in cache (profiled: ~6x faster)
-
-
-def surprisal_bits(logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-    """-log2 P(next | prefix) in float64 for each row of fp32 logits.
-
-    Rows are independent: blocking them changes speed, not a bit of the result.
-    """
-    ids = next_ids[:, None].long()
-    parts = [
-        torch.log_softmax(logits[r : r + SURPRISAL_ROWS].double(), dim=-1).gather(
-            1, ids[r : r + SURPRISAL_ROWS]
-        )[:, 0]
-        for r in range(0, len(ids), SURPRISAL_ROWS)
-    ]
-    lp = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
-    return -lp / math.log(2)
-
-
 def run_capture(
     lm,
     token_ids: list[int],
@@ -53,15 +34,19 @@ def run_capture(
     dtype: str = "bf16",
     canonical: bool = True,
     on_progress: Callable[[int], None] | None = None,
+    numerics: str | None = None,
 ) -> Capture:
-    """Run `lm` over `token_ids`; return K/V in `dtype`, surprisal and metadata."""
+    """Run `lm` over `token_ids`; return K/V in `dtype`, surprisal and metadata.
+
+    ``numerics`` picks the canonical path (default: the portable one, runtime/numerics.py).
+    """
     if dtype not in DTYPES:
         raise SeqkvError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
     if not token_ids:
         raise SeqkvError("nothing to capture: the input has no tokens")
     ids = torch.tensor(token_ids, dtype=torch.long)
     if canonical:
-        keys, values, surprisal, path = _canonical(lm, ids, on_progress)
+        keys, values, surprisal, path = _canonical(lm, ids, on_progress, numerics)
     else:
         keys, values, surprisal, path = _transformers(lm, ids, on_progress)
     target = DTYPES[dtype]
@@ -71,36 +56,31 @@ def run_capture(
     )
 
 
-def _canonical(lm, ids, on_progress):
-    from seqkv_cli.runtime.canonical import NUMERIC_PATH
-
-    canon = canonical_model(lm)
+def _canonical(lm, ids, on_progress, numerics):
+    canon = canonical_model(lm, numerics)
     state = canon.new_state(len(ids))
     parts = []
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         logits = canon.forward(state, chunk)
         nxt = ids[start + 1 : start + 1 + len(chunk)]
-        parts.append(surprisal_bits(logits[: len(nxt)], nxt))
+        parts.append(canon.surprisal(logits[: len(nxt)], nxt))
         if on_progress:
             on_progress(len(chunk))
     keys = [state.layer_kv(i)[0].clone() for i in range(canon.num_layers)]
     values = [state.layer_kv(i)[1].clone() for i in range(canon.num_layers)]
-    return keys, values, torch.cat(parts), NUMERIC_PATH
+    return keys, values, torch.cat(parts), canon.numeric_path
 
 
-def canonical_model(lm):
-    """The canonical forward of a loaded model, built once per LoadedModel."""
-    from seqkv_cli.runtime.canonical import CanonicalLM, check_row_invariance
+def canonical_model(lm, numerics: str | None = None):
+    """The canonical forward of a loaded model on `numerics`, built once per LoadedModel."""
+    from seqkv_cli.runtime.numerics import DEFAULT, build_canonical
 
-    if "canonical" not in lm.extra:
-        if not check_row_invariance():
-            raise SeqkvError(
-                "this machine's BLAS is not row-invariant; canonical numerics "
-                "cannot be guaranteed here (use --no-canonical)"
-            )
-        lm.extra["canonical"] = CanonicalLM(lm.model)
-    return lm.extra["canonical"]
+    path = numerics or DEFAULT
+    key = f"canonical:{path}"
+    if key not in lm.extra:
+        lm.extra[key] = build_canonical(lm.model, path)
+    return lm.extra[key]
 
 
 @torch.inference_mode()

@@ -18,6 +18,12 @@ every source of shape-dependent rounding instead of hoping rounding hides it:
 The compute dtype stays fp32, so the canonical path is as fast as an ordinary one and within
 float rounding of it. Supported: Llama-family decoders (llama, mistral without sliding window,
 qwen2).
+
+This is the **legacy** path (``canonical-fp32-rb8-kb256-v1``): its bits depend on the BLAS
+kernels, ISA level and thread split of the machine (its SiLU's vector body and scalar tail
+round differently, so 3, 5 and 7 threads break it at real widths). New files use the portable
+path (runtime/portable); this one stays so that files written with it still decode on their
+machine class.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.numerics import surprisal_bits
 
 ROW_BLOCK = 8
 KEY_BLOCK = 256
@@ -72,16 +79,25 @@ class KVState:
         self.capacity = capacity
         self.length = 0
 
-    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer, (kv_heads, length, head_dim), views into the buffers."""
-        n = self.length
+    def layer_kv(self, layer: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer's first ``n`` positions (default: all), (kv_heads, n, head_dim)."""
+        n = self.length if n is None else n
         return self.keys[layer, :, :n], self.values[layer, :, :n, :-1]
+
+    def fork(self, lm: CanonicalLM, length: int, capacity: int) -> KVState:
+        """A new state holding this one's first ``length`` positions (a trie branch point)."""
+        out = lm.new_state(capacity)
+        out.keys[:, :, :length] = self.keys[:, :, :length]
+        out.values[:, :, :length, :-1] = self.values[:, :, :length, :-1]
+        out.length = length
+        return out
 
 
 class CanonicalLM:
     """A lean Llama-family forward with the canonical numerics described above."""
 
     numeric_path = NUMERIC_PATH
+    surprisal = staticmethod(surprisal_bits)
 
     def __init__(self, hf_model) -> None:
         cfg = hf_model.config

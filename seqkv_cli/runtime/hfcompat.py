@@ -7,12 +7,13 @@ from functools import cache as _memo
 
 
 @_memo
-def _cache_kwarg(forward) -> str:
+def cache_kwarg(forward) -> str:
+    """The name `forward` takes its cache under: `cache` (transformers >= 5.x) or the old one."""
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def forward_with_cache(model, input_ids, cache):
     """One forward of `input_ids` (batch, n) continuing `cache`; returns (logits, cache)."""
-    out = model(input_ids, use_cache=True, **{_cache_kwarg(type(model).forward): cache})
+    out = model(input_ids, use_cache=True, **{cache_kwarg(type(model).forward): cache})
     new_cache = getattr(out, "cache", None)
     return out.logits, new_cache if new_cache is not None else out.past_key_values

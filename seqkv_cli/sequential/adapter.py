@@ -5,18 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from seqkv_cli.kvcapture.engine import surprisal_bits
-
 
 class Track:
     """One sequence being fed: its K/V state and the surprisal of every token fed so far.
 
-    Surprisal is computed with the same function as `capture`, on bit-identical logits, so a
-    restored capture carries identical values.
+    Surprisal is computed with the canonical path's function, as `capture` does, on
+    bit-identical logits, so a restored capture carries identical values.
     """
 
-    def __init__(self, state) -> None:
+    def __init__(self, state, surprisal_fn) -> None:
         self.state = state
+        self._surprisal_fn = surprisal_fn  # the canonical path's own (bit-identical) function
         self.fed = 0
         self._prev: torch.Tensor | None = None
         self._surprisal: list[torch.Tensor] = []
@@ -27,7 +26,7 @@ class Track:
         else:
             rows, scored = torch.cat([self._prev[None], logits[:-1]]), ids
         if len(scored):
-            self._surprisal.append(surprisal_bits(rows, scored))
+            self._surprisal.append(self._surprisal_fn(rows, scored))
         self._prev = logits[-1]
         self.fed += len(ids)
 
@@ -56,7 +55,7 @@ class CanonicalLogits:
         self.tracks: list[Track] = []
 
     def start(self, capacity: int) -> Track:
-        track = Track(self.canon.new_state(capacity + 1))
+        track = Track(self.canon.new_state(capacity + 1), self.canon.surprisal)
         self.tracks.append(track)
         return track
 

@@ -28,6 +28,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
+from seqkv_cli.runtime.numerics import LEGACY
 from seqkv_cli.sequential.session_codecs import EncodedSession, SessionCodec
 
 VARIANTS = ("topk", "linear")
@@ -111,8 +112,14 @@ class DeltaTopKCodec(SessionCodec):
         slope: float = 1.0,
         precision_bits: int = 24,
         chunk_size: int = 1024,
+        numerics: str = LEGACY,
     ) -> None:
         from seqkv_codecs.adaptive_quant import MAX_BITS
+
+        if numerics != LEGACY:
+            # Its what-if forward (sequential/branch.py) mirrors the lean legacy forward only.
+            raise SeqkvError(f"delta-topk runs on the {LEGACY} numeric path only, not {numerics}")
+        self.numerics = numerics
 
         if variant not in VARIANTS:
             raise SeqkvError(f"unknown delta-topk variant '{variant}'; use one of {VARIANTS}")

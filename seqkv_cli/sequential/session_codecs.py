@@ -20,6 +20,9 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
+from seqkv_cli.runtime.numerics import DEFAULT as DEFAULT_NUMERICS
+from seqkv_cli.runtime.numerics import LEGACY as LEGACY_NUMERICS
+from seqkv_cli.runtime.numerics import check_path
 from seqkv_cli.sequential.adapter import CanonicalLogits
 
 RESIDUAL_MODES = ("lossless", "none")
@@ -59,7 +62,12 @@ class SessionCodec:
         chunk_size: int = 1024,
         residual: str = "lossless",
         tolerance: float | None = None,
+        numerics: str = DEFAULT_NUMERICS,
     ) -> None:
+        self.numerics = check_path(numerics)
+        for name, value in (("precision_bits", precision_bits), ("chunk_size", chunk_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SeqkvError(f"{name} must be a positive integer, got {value!r}")
         if residual not in RESIDUAL_MODES:
             raise SeqkvError(f"unknown residual mode '{residual}'; use one of {RESIDUAL_MODES}")
         if tolerance is not None and not (isinstance(tolerance, int | float) and tolerance > 0):
@@ -75,6 +83,7 @@ class SessionCodec:
             "precision_bits": self.precision_bits,
             "chunk_size": self.chunk_size,
             "residual": self.residual,
+            "numerics": self.numerics,
         }
         if self.tolerance is not None:
             config["tolerance"] = self.tolerance
@@ -83,6 +92,8 @@ class SessionCodec:
     @classmethod
     def from_config(cls, config: dict) -> SessionCodec:
         args = {k: v for k, v in config.items() if k != "id"}
+        # Files written before numeric paths were named were coded on the legacy forward.
+        args.setdefault("numerics", LEGACY_NUMERICS)
         try:
             return cls(**args)
         except TypeError as exc:
@@ -242,6 +253,10 @@ class SeqFastCodec(SessionCodec):
                 out.append((exc, None))
                 continue
             tokens = tokens.astype(np.int64)
+            if len(tokens) and int(tokens.max()) >= adapter.vocab_size:
+                bad = int(tokens.max())
+                out.append((CodecError(f"token id {bad} is outside the vocabulary"), None))
+                continue
             out.append((tokens, self._prefill(tokens, adapter)))
         return out
 

@@ -90,7 +90,7 @@ def compress_captures(
         raise SeqkvError("--near-dup needs the trie layout and a seq or seq-fast codec")
     canon, header_model = None, None
     if isinstance(coder, SessionCodec):
-        canon, header_model = _load_canonical(model)
+        canon, header_model = _load_canonical(model, coder.numerics)
     result = CompressResult(Path(out))
     sessions, seen = [], set()
     with ContainerWriter(out) as writer:
@@ -154,8 +154,9 @@ def _write_session(writer, index, cap, coder, check, result, on_progress) -> lis
     return names
 
 
-def _load_canonical(model):
-    """The canonical forward of `model` (spec, LoadedModel or None = embedded) + its identity."""
+def _load_canonical(model, numerics: str):
+    """The canonical forward of `model` (spec, LoadedModel or None = embedded) on the numeric
+    path `numerics`, and the model's identity."""
     from seqkv_cli.kvcapture.engine import canonical_model
     from seqkv_cli.runtime.loading import LoadedModel, load_model
 
@@ -165,7 +166,7 @@ def _load_canonical(model):
         "tokenizer_fingerprint": lm.tokenizer_fingerprint,
         "name": lm.name,
     }
-    return canonical_model(lm), ident
+    return canonical_model(lm, numerics), ident
 
 
 def _write_sequential(writer, index, cap, coder, canon, check, result):

@@ -31,7 +31,7 @@ def compress_trie(
         from seqkv_cli.skv.compress import _load_canonical
 
         lm = model if isinstance(model, LoadedModel) else load_model(model)
-        canon, ident = _load_canonical(lm)
+        canon, ident = _load_canonical(lm, coder.numerics)
         if ident["fingerprint"] != header_model["fingerprint"]:
             raise SeqkvError(
                 f"{paths[0]} comes from a different model ({header_model['fingerprint'][:12]} "

@@ -132,7 +132,7 @@ def _model_side(coder, contents, reader, model, header, path):
         return None, NodeSource(contents, PartReader(reader), 1 << 32, 24)
     from seqkv_cli.skv.compress import _load_canonical
 
-    canon, ident = _load_canonical(model)
+    canon, ident = _load_canonical(model, coder.numerics)
     want = (header.get("model") or {}).get("fingerprint")
     if ident["fingerprint"] != want:
         raise SeqkvError(

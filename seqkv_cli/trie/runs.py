@@ -24,11 +24,8 @@ def fork_track(adapter: CanonicalLogits, parent: Track, length: int, capacity: i
     `row` is the parent's logits after position length - 1 (what predicts the branch's first
     token). The copy leaves the tail zero, exactly like a state that never saw those positions.
     """
-    state = adapter.canon.new_state(capacity)
-    state.keys[:, :, :length] = parent.state.keys[:, :, :length]
-    state.values[:, :, :length, :-1] = parent.state.values[:, :, :length, :-1]
-    state.length = length
-    track = Track(state)
+    state = parent.state.fork(adapter.canon, length, capacity)
+    track = Track(state, adapter.canon.surprisal)
     track.fed = length
     if length > 1:
         track._surprisal = [parent.surprisal[: length - 1].clone()]
@@ -101,7 +98,7 @@ def session_kv(run: Run, end: int, dtype: torch.dtype, num_layers: int):
     """K/V (per layer, (kv_heads, n, hd), `dtype`) and surprisal of positions < start + end."""
     n = run.start + end
     state = run.track.state
-    keys = [state.keys[i, :, :n].to(dtype).clone() for i in range(num_layers)]
-    values = [state.values[i, :, :n, :-1].to(dtype).clone() for i in range(num_layers)]
+    keys = [state.layer_kv(i, n)[0].to(dtype).clone() for i in range(num_layers)]
+    values = [state.layer_kv(i, n)[1].to(dtype).clone() for i in range(num_layers)]
     surprisal = run.track.surprisal[: max(n - 1, 0)].clone()
     return keys, values, surprisal

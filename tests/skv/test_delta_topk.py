@@ -10,6 +10,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.engine import canonical_model, run_capture
+from seqkv_cli.runtime.numerics import LEGACY
 from seqkv_cli.sequential.branch import branch_kv
 from seqkv_cli.sequential.delta_topk import DeltaTopKCodec, flatten_kv, predict_kv
 from seqkv_codecs.adaptive_quant import bits_from_surprisal, dequantize, quantize
@@ -29,13 +30,13 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def canon(tiny_lm):
-    return canonical_model(tiny_lm)
+    return canonical_model(tiny_lm, LEGACY)  # delta-topk's what-if forward is the legacy one
 
 
 @pytest.fixture(scope="module")
 def cap(tiny_lm):
     ids = tiny_lm.tokenizer(TEXT, add_special_tokens=False).input_ids
-    capture = run_capture(tiny_lm, ids)
+    capture = run_capture(tiny_lm, ids, numerics=LEGACY)
     capture.meta["session_id"] = "prose"
     return capture
 

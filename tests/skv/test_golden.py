@@ -28,3 +28,21 @@ def test_golden_file_decodes_to_recorded_bytes(codec):
     assert torch.equal(restored.tokens, original.tokens)
     if arc.codec.lossless:
         assert digest(original) == EXPECTED[codec]
+
+
+SEQ_GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "seq-v1"
+SEQ_FILES = json.loads((SEQ_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(SEQ_FILES))
+def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
+    """`seq`/`seq-fast` files written before numeric paths were named (legacy fp32 forward)."""
+    from seqkv_cli.skv.compress import same_capture
+
+    with Archive(SEQ_GOLDEN / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.codec.codec_id == SEQ_FILES[name]["codec"]
+        assert arc.codec.numerics == "canonical-fp32-rb8-kb256-v1"
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    assert sorted(restored) == ["a", "b"]
+    for sid, cap in restored.items():
+        assert same_capture(cap, load_capture(SEQ_GOLDEN / "captures" / f"{sid}.safetensors"))

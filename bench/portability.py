@@ -1,0 +1,139 @@
+"""Does a `.skv` decode to the same bits on "other machines"? Simulated on this one.
+
+Each variant decodes the file in a fresh subprocess under other kernels: ISA levels
+(``ATEN_CPU_CAPABILITY``), MKL instruction sets (``MKL_ENABLE_INSTRUCTIONS``) and torch thread
+counts. Every restored session is hashed (tokens, surprisal, every K/V tensor) and compared
+with the encoding process's own capture.
+
+    python bench/portability.py --tokens 1000 --threads 2     # the issue's done-when run
+    python bench/portability.py decode FILE.skv [--model M]    # one child (prints JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_data"
+
+
+def capture_digest(cap) -> str:
+    """sha256 over tokens, surprisal (fp64) and every K/V tensor's bytes, in order."""
+    import torch
+
+    h = hashlib.sha256()
+    tensors = [cap.tokens.long(), cap.surprisal.double(), *cap.keys, *cap.values]
+    for t in tensors:
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def decode_digests(path: Path, model: str | None) -> dict[str, str]:
+    from seqkv_cli.skv.restore import Archive
+
+    with Archive(path, model=model) as arc:
+        return {e["id"]: capture_digest(arc.restore(e)) for e in arc.sessions}
+
+
+def variants(threads: list[int]) -> list[dict[str, str]]:
+    """Environment variants this CPU can run (an ISA it lacks would die of SIGILL)."""
+    out = [{"SEQKV_BENCH_THREADS": str(n)} for n in threads]
+    out += [{"ATEN_CPU_CAPABILITY": "default"}, {"ATEN_CPU_CAPABILITY": "avx2"}]
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "avx512f" in cpuinfo.read_text():
+        out.append({"ATEN_CPU_CAPABILITY": "avx512"})
+    out += [{"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}, {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}]
+    return out
+
+
+def decode_in_child(path: Path, model: str | None, env_extra: dict[str, str], timeout: float):
+    """(digests, seconds) of one subprocess decode under `env_extra`."""
+    env = {**os.environ, **env_extra}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "codecs"), env.get("PYTHONPATH", "")]
+    )
+    cmd = [sys.executable, str(Path(__file__).resolve()), "decode", str(path)]
+    if model:
+        cmd += ["--model", model]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        raise RuntimeError(f"decode under {env_extra} failed: {tail[0]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), time.perf_counter() - t0
+
+
+def _child(args) -> None:
+    import torch
+
+    n = os.environ.get("SEQKV_BENCH_THREADS")
+    if n:
+        torch.set_num_threads(int(n))
+    print(json.dumps(decode_digests(Path(args.file), args.model)))
+
+
+def _bench(args) -> None:
+    import torch
+
+    from seqkv_cli.kvcapture.api import capture
+    from seqkv_cli.skv.compress import compress_captures
+
+    torch.set_num_threads(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="seqkv-port-"))
+    text = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
+    (work / "doc.txt").write_text(text)
+    t0 = time.perf_counter()
+    [res] = capture([str(work / "doc.txt")], out=work / "caps", max_tokens=args.tokens)
+    skv = work / "doc.skv"
+    compress_captures([res.path], skv, codec="seq")
+    encode_s = time.perf_counter() - t0
+    want = {res.capture.meta["session_id"]: capture_digest(res.capture)}
+    rows = []
+    for env in variants([1, 3, 5, 7]):
+        got, secs = decode_in_child(skv, None, env, timeout=3600)
+        rows.append((env, got == want, secs))
+        print(f"{env}: {'bit-exact' if got == want else 'DIFFERENT'} ({secs:.0f} s)", flush=True)
+    print(
+        f"\n{res.capture.positions} positions, encoded with {args.threads} threads in "
+        f"{encode_s:.0f} s; {sum(ok for _, ok, _ in rows)}/{len(rows)} variants bit-exact"
+    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "positions": res.capture.positions,
+                    "threads": args.threads,
+                    "variants": [{"env": e, "exact": ok, "seconds": s} for e, ok, s in rows],
+                },
+                indent=1,
+            )
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd")
+    dec = sub.add_parser("decode")
+    dec.add_argument("file")
+    dec.add_argument("--model")
+    parser.add_argument("--tokens", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.cmd == "decode":
+        _child(args)
+    else:
+        _bench(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Numeric paths: which canonical forward a file was coded under, and building it.
+
+A model-coded stream (``seq``, ``seq-fast``) decodes only under the forward that encoded it,
+so the codec config names its path and a decoder that cannot honour it refuses:
+
+* ``portable-fx53-v1`` (default for new files): the model's own transformers code run under
+  the portable definition (`runtime.portable`): the same bits on any IEEE machine, thread
+  count, ISA level, BLAS or device.
+* ``canonical-fp32-rb8-kb256-v1`` (legacy): the lean fp32 Llama forward of earlier versions.
+  Bit-exact only on the machine class that wrote the file (same ISA, BLAS and thread split);
+  kept so that older files decode, never written by default.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from seqkv_cli.errors import SeqkvError
+
+PORTABLE = "portable-fx53-v1"
+LEGACY = "canonical-fp32-rb8-kb256-v1"
+DEFAULT = PORTABLE
+PATHS = {
+    PORTABLE: "portable: same bits on any IEEE machine, thread count, ISA, BLAS or device",
+    LEGACY: "legacy fp32 forward: same machine class only (llama, mistral, qwen2)",
+}
+SURPRISAL_ROWS = 4  # rows per float64 log-softmax: stays in cache (profiled: ~6x faster)
+
+
+ALIASES = {"portable": PORTABLE, "legacy": LEGACY}
+
+
+def resolve(name: str | None) -> str:
+    """A path id from an id or an alias ('portable', 'legacy'); None gives the default."""
+    if name is None:
+        return DEFAULT
+    return check_path(ALIASES.get(name, name))
+
+
+def check_path(path: str) -> str:
+    if path not in PATHS:
+        raise SeqkvError(
+            f"numeric path {path!r} is unknown to this seqkv (it knows {', '.join(PATHS)}); "
+            "decode the file with the seqkv version that wrote it"
+        )
+    return path
+
+
+def build_canonical(hf_model, path: str = DEFAULT):
+    """The canonical forward of `hf_model` on `path` (refuses an unknown path)."""
+    check_path(path)
+    if path == PORTABLE:
+        from seqkv_cli.runtime.portable.model import PortableLM
+
+        return PortableLM(hf_model)
+    from seqkv_cli.runtime.canonical import CanonicalLM, check_row_invariance
+
+    if not check_row_invariance():
+        raise SeqkvError(
+            f"this machine's BLAS is not row-invariant; the {LEGACY} path cannot be "
+            "reproduced here (files written on it decode only on their machine class)"
+        )
+    return CanonicalLM(hf_model)
+
+
+def surprisal_bits(logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+    """-log2 P(next | prefix) in float64 for each row of fp32 logits (torch's log-softmax).
+
+    Rows are independent: blocking them changes speed, not a bit of the result. Used by
+    ordinary runs and the legacy path; the portable path uses `portable_surprisal_bits`.
+    """
+    ids = next_ids[:, None].long()
+    parts = [
+        torch.log_softmax(logits[r : r + SURPRISAL_ROWS].double(), dim=-1).gather(
+            1, ids[r : r + SURPRISAL_ROWS]
+        )[:, 0]
+        for r in range(0, len(ids), SURPRISAL_ROWS)
+    ]
+    lp = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    return -lp / math.log(2)
+
+
+def portable_surprisal_bits(logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+    """`surprisal_bits` in the portable definition: the same float64 bits everywhere."""
+    from seqkv_cli.runtime.portable import exact
+
+    ids = next_ids[:, None].long()
+    parts = [
+        exact.log_softmax(logits[r : r + SURPRISAL_ROWS].double(), -1).gather(
+            1, ids[r : r + SURPRISAL_ROWS]
+        )[:, 0]
+        for r in range(0, len(ids), SURPRISAL_ROWS)
+    ]
+    lp = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    return -lp / math.log(2)
+
+
+def support(hf_model) -> dict[str, str]:
+    """Per path: 'yes' or the one-line reason it cannot run `hf_model` here (`model info`).
+
+    The portable path is probed for real: 6 tokens prefilled and stepped must agree bit for bit.
+    """
+    out = {}
+    try:
+        canon = build_canonical(hf_model, PORTABLE)
+        ids = torch.arange(6) % canon.vocab_size
+        a, b = canon.new_state(6), canon.new_state(6)
+        whole = canon.forward(a, ids)
+        steps = torch.cat([canon.forward(b, ids[i : i + 1]) for i in range(6)])
+        out[PORTABLE] = "yes" if torch.equal(whole, steps) else "no: prefill and stepping differ"
+    except SeqkvError as exc:
+        out[PORTABLE] = f"no: {exc}"
+    from seqkv_cli.runtime.canonical import SUPPORTED_TYPES
+
+    model_type = getattr(hf_model.config, "model_type", "?")
+    out[LEGACY] = (
+        "decode only (same machine class)"
+        if model_type in SUPPORTED_TYPES
+        else f"no: {model_type} is not a {'/'.join(SUPPORTED_TYPES)} model"
+    )
+    return out

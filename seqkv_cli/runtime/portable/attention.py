@@ -1,0 +1,159 @@
+"""Attention in the portable definition, registered with transformers' AttentionInterface.
+
+Scores are fixed-point products of per-row quantized queries and keys (exact); the softmax
+numerators are fixed-point with 2**-(53 - log2 context) resolution (2**-40 at 8k), so their
+sum is exact in any order; the
+value product folds each key's power-of-two scale into its weight and quantizes the weights
+per query row, so it is exact too. Bit widths come from the head size and the model context,
+never from how many keys a call happens to see: a query gets the same bits whether later keys
+exist (prefill) or not (stepping). Masking (causal, sliding window) is computed from absolute
+positions; soft-capping uses the portable tanh.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.portable import exact
+
+ATTENTION_NAME = "seqkv_portable"
+QUERY_BLOCK = 128  # query rows per pass: bounds the (rows x keys) score matrix
+
+# The sequences of the forward call in progress (one per batch row), set by PortableLM.
+current_rows: contextvars.ContextVar[list] = contextvars.ContextVar("seqkv_portable_rows")
+
+
+class PortableState:
+    """Preallocated K/V of one sequence, with the quantized rows attention multiplies.
+
+    keys/values (layers, kv_heads, capacity, head_dim) hold what the model produced (fp32);
+    ``kq``/``vq`` the same rows as integers with their power-of-two exponents ``ek``/``ev``.
+    """
+
+    def __init__(self, num_layers, kv_heads, head_dim, capacity, bits: tuple[int, int, int]):
+        shape = (num_layers, kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=torch.float32)
+        self.values = torch.zeros(shape, dtype=torch.float32)
+        self.kq = torch.zeros(shape, dtype=torch.float64)
+        self.vq = torch.zeros(shape, dtype=torch.float64)
+        self.ek = torch.zeros((*shape[:-1], 1), dtype=torch.int64)
+        self.ev = torch.zeros((*shape[:-1], 1), dtype=torch.int64)
+        # Fixed by the model (head size, context), never by this state's capacity.
+        self.bits = bits
+        self.key_bits, self.value_bits, self.prob_bits = bits
+        self.capacity = capacity
+        self.length = 0
+        self.pending = 0  # positions being written by the call in progress
+
+    def layer_kv(self, layer: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer's first ``n`` positions (default: all), (kv_heads, n, head_dim)."""
+        n = self.length if n is None else n
+        return self.keys[layer, :, :n], self.values[layer, :, :n]
+
+    def fork(self, lm, length: int, capacity: int) -> PortableState:
+        """A new state holding this one's first ``length`` positions (a trie branch point)."""
+        if length > self.length:
+            raise SeqkvError(f"cannot fork at {length}: the state holds {self.length} positions")
+        layers, heads, _, hd = self.keys.shape
+        out = PortableState(layers, heads, hd, capacity, self.bits)
+        for name in ("keys", "values", "kq", "vq", "ek", "ev"):
+            getattr(out, name)[:, :, :length] = getattr(self, name)[:, :, :length]
+        out.length = length
+        return out
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the call's new rows (kv_heads, n, head_dim) at positions length..length+n."""
+        p0, n = self.length, k.shape[1]
+        self.keys[layer, :, p0 : p0 + n] = k
+        self.values[layer, :, p0 : p0 + n] = v
+        kq, ek = exact.quantize_rows(k, self.key_bits)
+        vq, ev = exact.quantize_rows(v, self.value_bits)
+        self.kq[layer, :, p0 : p0 + n], self.ek[layer, :, p0 : p0 + n] = kq, ek
+        self.vq[layer, :, p0 : p0 + n], self.ev[layer, :, p0 : p0 + n] = vq, ev
+
+
+class RowsCache:
+    """The `cache` transformers sees: routes each batch row's new K/V to its own state."""
+
+    is_compileable = False
+
+    def __init__(self, states: list[PortableState]) -> None:
+        self.states = states
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        with _disable_current_modes():  # seqkv's own bookkeeping, not model ops
+            for row, state in enumerate(self.states):
+                state.write(layer_idx, key_states[row].float(), value_states[row].float())
+        return key_states, value_states  # unused: the registered attention reads the states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.states[0].length
+
+
+def portable_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+):
+    """transformers attention signature; query (batch, heads, q_len, head_dim)."""
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise SeqkvError("portable numerics: attention sinks are not supported")
+    rows = current_rows.get(None)
+    if rows is None:
+        raise SeqkvError("portable attention runs only inside a PortableLM forward")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    with _disable_current_modes():
+        outs = [
+            _attend(state, module.layer_idx, query[row], scaling, sliding_window, softcap)
+            for row, state in enumerate(rows)
+        ]
+        out = torch.stack(outs).to(query.dtype)  # (batch, q_len, heads, head_dim)
+    return out, None
+
+
+def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
+    """One sequence: q (heads, m, hd) at positions length..length+m; returns (m, heads, hd)."""
+    heads, m, hd = q.shape
+    kvh = state.keys.shape[1]
+    groups = heads // kvh
+    p0 = state.length
+    n = p0 + m
+    qg = q.float().reshape(kvh, groups, m, hd).reshape(kvh, groups * m, hd)
+    qq, eq = exact.quantize_rows(qg, state.key_bits)
+    kq, ek = state.kq[layer, :, :n], state.ek[layer, :, :n]
+    vq, ev = state.vq[layer, :, :n], state.ev[layer, :, :n]
+    key_pos = torch.arange(n)
+    parts = []
+    for s in range(0, m, QUERY_BLOCK):
+        rows = torch.arange(s, min(m, s + QUERY_BLOCK))
+        sel = (torch.arange(groups)[:, None] * m + rows[None, :]).reshape(-1)
+        qpos = (p0 + rows).repeat(groups)
+        scores = exact.fixed_matmul(qq[:, sel], eq[:, sel], kq, ek) * scaling
+        if softcap is not None:
+            scores = exact.tanh(scores / softcap) * softcap
+        visible = key_pos[None, :] <= qpos[:, None]
+        if window is not None:
+            visible &= (qpos[:, None] - key_pos[None, :]) < window
+        scores = scores.masked_fill(~visible, -math.inf)
+        e = exact.exp(scores - scores.amax(dim=-1, keepdim=True))
+        num = torch.round(e * 2.0**state.prob_bits)  # exact sum below 2**53
+        total = num.sum(dim=-1, keepdim=True)
+        weights = exact.scale(num, ev.transpose(-1, -2))  # fold each key's value scale in
+        wq, ew = exact.quantize_rows(weights, state.value_bits)
+        acc = exact.scale(torch.matmul(wq, vq), ew)
+        parts.append((acc / total).view(kvh, groups, len(rows), hd))
+    out = torch.cat(parts, dim=2)  # (kvh, groups, m, hd)
+    return out.reshape(heads, m, hd).transpose(0, 1)

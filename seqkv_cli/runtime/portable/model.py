@@ -1,0 +1,255 @@
+"""PortableLM: any transformers causal LM, run by its own modeling code, in portable numerics.
+
+The model's forward runs unchanged under `PortableMode` (every aten op exact by IEEE or
+replaced by `exact`), with seqkv's attention registered through transformers'
+AttentionInterface and a cache that writes each sequence's K/V into preallocated buffers.
+Rotary frequencies are recomputed in the portable definition at load (the ones computed at
+model init came from the machine's `pow`). A canary checks the machine before first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.hfcompat import cache_kwarg
+from seqkv_cli.runtime.numerics import portable_surprisal_bits
+from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable.attention import (
+    ATTENTION_NAME,
+    PortableState,
+    RowsCache,
+    current_rows,
+    portable_attention,
+)
+from seqkv_cli.runtime.portable.mode import PortableMode, WeightCache
+
+NUMERIC_PATH = exact.NUMERIC_PATH
+# Module types the path refuses by name: their state or ops have no portable definition yet.
+_REFUSED_MODULES = ("Conv1d", "Conv1D", "Conv2d", "Mamba", "LayerNorm")
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, portable_attention)
+
+
+class PortableLM:
+    """The canonical forward of the portable path: states, forward, forward_rows."""
+
+    numeric_path = NUMERIC_PATH
+    surprisal = staticmethod(portable_surprisal_bits)
+
+    def __init__(self, hf_model) -> None:
+        cfg = getattr(hf_model.config, "text_config", None) or hf_model.config
+        self.model_type = getattr(cfg, "model_type", "?")
+        _refuse_unvetted(hf_model, self.model_type)
+        run_canary()
+        _register_attention()
+        if next(hf_model.parameters()).dtype != torch.float32:
+            raise SeqkvError("portable numerics run fp32 weights; load the model in float32")
+        self.model = hf_model.eval()
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.vocab_size = cfg.vocab_size
+        self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
+        # Fixed-point widths: q·k over head_dim; weights·V and the softmax sum over the context
+        # (softmax numerators <= 1 in units of 2**-prob_bits, so a row sums below 2**53).
+        context_bits = max(1, self.max_context - 1).bit_length()
+        self.bits = (
+            exact.contraction_bits(self.head_dim),
+            exact.contraction_bits(self.max_context),
+            exact.MANTISSA - context_bits,
+        )
+        self.weights = WeightCache(hf_model)
+        self._configs = list({id(c): c for c in _configs(hf_model)}.values())
+        self._rotary = self._portable_rotary()
+
+    def _mode(self) -> PortableMode:
+        return PortableMode(self.weights, self.model_type)
+
+    @contextlib.contextmanager
+    def _installed(self):
+        """The model switched to seqkv's attention, eager experts and portable rotary tables
+        for one call, and switched back after: the caller's model is left as it was."""
+        saved = [
+            (
+                c,
+                getattr(c, "_attn_implementation_internal", None),
+                getattr(c, "_experts_implementation_internal", None),
+            )
+            for c in self._configs
+        ]
+        swapped = [(m, m.inv_freq.clone()) for m, _ in self._rotary]
+        try:
+            for c in self._configs:
+                c._attn_implementation_internal = ATTENTION_NAME
+                if hasattr(c, "_experts_implementation_internal"):
+                    c._experts_implementation_internal = "eager"
+            for module, inv_freq in self._rotary:
+                module.inv_freq.copy_(inv_freq)
+            yield
+        finally:
+            for c, attn, experts in saved:
+                c._attn_implementation_internal = attn
+                if hasattr(c, "_experts_implementation_internal"):
+                    c._experts_implementation_internal = experts
+            for module, original in swapped:
+                module.inv_freq.copy_(original)
+
+    @torch.inference_mode()
+    def _portable_rotary(self) -> list:
+        """(module, inv_freq) for every rotary table, recomputed in the portable definition."""
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        tables = []
+        for module in self.model.modules():
+            if not isinstance(getattr(module, "inv_freq", None), torch.Tensor):
+                continue
+            rope_type = getattr(module, "rope_type", "default")
+            fn = (
+                getattr(module, "compute_default_rope_parameters", None)
+                if rope_type == "default"
+                else ROPE_INIT_FUNCTIONS.get(rope_type)
+            )
+            if fn is None:
+                raise SeqkvError(
+                    f"portable numerics: rotary embedding type {rope_type!r} of "
+                    f"{type(module).__name__} cannot be recomputed portably"
+                )
+            with self._mode():
+                inv_freq, _ = fn(module.config, device=module.inv_freq.device)
+            tables.append((module, inv_freq.to(module.inv_freq.dtype)))
+        return tables
+
+    def new_state(self, capacity: int) -> PortableState:
+        if capacity > self.max_context:
+            raise SeqkvError(f"{capacity} positions exceed the model context ({self.max_context})")
+        return PortableState(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            self.bits,
+        )
+
+    @torch.inference_mode()
+    def forward(self, state: PortableState, token_ids: torch.Tensor) -> torch.Tensor:
+        """Append `token_ids` (M,) to `state`; return their next-token logits (M, vocab), fp32."""
+        m = int(token_ids.shape[0])
+        if m == 0:
+            return torch.empty((0, self.vocab_size))
+        if state.length + m > state.capacity:
+            raise SeqkvError(f"sequence longer than the state's capacity ({state.capacity})")
+        positions = (state.length + torch.arange(m))[None]
+        logits = self._run([state], token_ids.long()[None], positions)
+        return logits[0]
+
+    @torch.inference_mode()
+    def forward_rows(self, states: list[PortableState], token_ids: list[int]) -> torch.Tensor:
+        """Append one token to each of several sequences in one pass; logits (B, vocab).
+
+        Rows share the weight products; every product is exact per row, so each sequence
+        gets the same bits as if it were stepped alone.
+        """
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("each sequence may appear once per forward_rows call")
+        for s in states:
+            if s.length + 1 > s.capacity:
+                raise SeqkvError(f"sequence longer than the state's capacity ({s.capacity})")
+        ids = torch.tensor(list(token_ids), dtype=torch.long)[:, None]
+        positions = torch.tensor([s.length for s in states], dtype=torch.long)[:, None]
+        return self._run(states, ids, positions)[:, 0]
+
+    def _run(self, states, ids, positions) -> torch.Tensor:
+        token = current_rows.set(states)
+        try:
+            # An already-built 4D mask is passed through by transformers' mask helpers;
+            # the registered attention masks from absolute positions instead.
+            mask = torch.zeros((ids.shape[0], 1, ids.shape[1], 1))
+            with self._installed(), self._mode():
+                out = self.model(
+                    input_ids=ids,
+                    position_ids=positions,
+                    attention_mask=mask,
+                    **{cache_kwarg(type(self.model).forward): RowsCache(states)},
+                    use_cache=True,
+                )
+            logits = out.logits.float()
+        finally:
+            current_rows.reset(token)
+        for s in states:
+            s.length += ids.shape[1]
+        return logits
+
+
+def _configs(hf_model):
+    for module in hf_model.modules():
+        conf = getattr(module, "config", None)
+        if conf is not None:
+            yield conf
+            for key in ("text_config", "decoder"):
+                sub = getattr(conf, key, None)
+                if sub is not None and hasattr(sub, "_attn_implementation_internal"):
+                    yield sub
+
+
+def _refuse_unvetted(hf_model, model_type: str) -> None:
+    for module in hf_model.modules():
+        name = type(module).__name__
+        if any(bad in name for bad in _REFUSED_MODULES):
+            raise SeqkvError(
+                f"portable numerics: the {model_type} model contains {name}, which has no "
+                "portable definition; compress it with --codec lossless or a per-vector codec"
+            )
+
+
+# A fixed input grid through every primitive; its digest is a constant of the definition.
+CANARY_DIGEST = "b280753d21dce9657559c1dea1e3bcbfd56d68cc9f534f72ae7073e2fabccd7d"
+
+
+def canary_digest() -> str:
+    i = torch.arange(4096, dtype=torch.int64)
+    # Built from integers by one correctly rounded division: the same grid everywhere.
+    rows = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(64, 64)
+    parts = [
+        exact.exp(rows),
+        exact.log(rows.abs() + 1e-3),
+        exact.sin(rows * 300.0),
+        exact.cos(rows * 300.0),
+        exact.tanh(rows),
+        exact.silu(rows),
+        exact.gelu_tanh(rows),
+        exact.softmax(rows, -1),
+        exact.log_softmax(rows, -1),
+        exact.tree_sum(rows, -1),
+        exact.rsqrt(rows.abs() + 1.0),
+        exact.matmul(rows, rows.t().contiguous()).float(),
+        exact.pow_(10000.0, torch.arange(0, 64, 2, dtype=torch.float32) / 64, torch.float32),
+    ]
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+_canary_ok: bool | None = None
+
+
+def run_canary() -> None:
+    """Refuse, with the check named, where this machine does not reproduce the definition."""
+    global _canary_ok
+    if _canary_ok is None:
+        _canary_ok = canary_digest() == CANARY_DIGEST
+    if not _canary_ok:
+        raise SeqkvError(
+            "portable numerics canary failed: this machine's floating point does not reproduce "
+            f"the {NUMERIC_PATH} primitives (flush-to-zero or fused operations?); files written "
+            "on the portable path cannot be coded or decoded here"
+        )

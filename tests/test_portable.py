@@ -1,0 +1,249 @@
+"""The portable numeric path: any family, same bits however a sequence is fed, on any machine.
+
+Families run their own transformers modeling code on tiny random models built from a config;
+other machines are simulated in subprocesses (ISA level, MKL instructions, thread counts).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable.model import PortableLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+FAMILIES = {
+    "llama": {},
+    "mistral": {"sliding_window": 6},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "gemma2": {"sliding_window": 6},
+    "gemma3_text": {"sliding_window": 6},
+    "phi3": {},
+    "olmo2": {},
+    "granite": {},
+}
+
+
+def tiny_family_model(model_type: str, seed: int = 0, **extra):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    kw.update(FAMILIES.get(model_type, {}), **extra)
+    config = AutoConfig.for_model(model_type, **kw)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # larger weights than the init default: less flat distributions
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    return model
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def _eager_logits(model, ids):
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        return model(ids[None]).logits[0].float()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_prefill_chunks_steps_and_rows_are_bit_identical(family):
+    model = tiny_family_model(family)
+    ids = torch.randint(3, 300, (30,), generator=torch.Generator().manual_seed(1))
+    before = _eager_logits(model, ids)
+    lm = PortableLM(model)
+    whole_state = lm.new_state(31)
+    whole = lm.forward(whole_state, ids)
+    step_state = lm.new_state(31)
+    steps = torch.cat([lm.forward(step_state, ids[i : i + 1]) for i in range(30)])
+    chunk_state = lm.new_state(31)
+    chunks = torch.cat([lm.forward(chunk_state, ids[a:b]) for a, b in ((0, 7), (7, 23), (23, 30))])
+    # Two sequences of different lengths stepped as rows of one forward.
+    row_a, row_b = lm.new_state(31), lm.new_state(31)
+    lm.forward(row_b, ids[:4])
+    rows = [lm.forward_rows([row_a, row_b], [int(ids[i]), int(ids[i + 4])]) for i in range(20)]
+    assert _same(whole, steps) and _same(whole, chunks)
+    assert _same(whole[:20], torch.stack([r[0] for r in rows]))
+    assert _same(whole[4:24], torch.stack([r[1] for r in rows]))
+    for layer in range(lm.num_layers):
+        for kind in (0, 1):
+            full = whole_state.layer_kv(layer)[kind]
+            assert _same(full, step_state.layer_kv(layer)[kind])
+            assert _same(full, chunk_state.layer_kv(layer)[kind])
+            assert _same(full[:, :20], row_a.layer_kv(layer)[kind])
+    # Close to the model's own eager forward (fp32 rounding), and that model is left untouched.
+    assert float((whole - before).abs().max()) < 1e-4 * float(before.abs().max())
+    assert torch.equal(_eager_logits(model, ids), before)
+
+
+def test_fork_continues_like_the_whole_sequence():
+    lm = PortableLM(tiny_family_model("llama"))
+    ids = torch.arange(3, 23)
+    whole_state = lm.new_state(20)
+    whole = lm.forward(whole_state, ids)
+    parent = lm.new_state(12)
+    lm.forward(parent, ids[:12])
+    child = parent.fork(lm, 8, 20)
+    assert _same(lm.forward(child, ids[8:]), whole[8:])
+    assert _same(child.layer_kv(1)[0], whole_state.layer_kv(1)[0])
+
+
+def test_unvetted_ops_and_modules_are_refused_naming_them():
+    gelu = tiny_family_model("llama", hidden_act="gelu")  # erf GELU: no portable definition yet
+    lm = PortableLM(gelu)
+    with pytest.raises(SeqkvError, match="GELU"):
+        lm.forward(lm.new_state(4), torch.arange(3, 7))
+    with pytest.raises(SeqkvError, match=r"Conv1D|LayerNorm"):
+        PortableLM(tiny_family_model("gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=64))
+
+
+def test_canary_refuses_a_machine_that_computes_other_bits(monkeypatch):
+    import seqkv_cli.runtime.portable.model as portable_model
+
+    monkeypatch.setattr(portable_model, "_canary_ok", None)
+    monkeypatch.setattr(exact, "exp", lambda x: torch.exp(x))  # a libm exp: other last bits
+    with pytest.raises(SeqkvError, match="canary failed"):
+        portable_model.run_canary()
+    monkeypatch.setattr(portable_model, "_canary_ok", None)
+
+
+def test_primitives_are_accurate():
+    x = torch.linspace(-30, 30, 2001, dtype=torch.float64)
+    checks = {
+        "exp": (exact.exp(x), torch.exp(x)),
+        "sin": (exact.sin(x * 200), torch.sin(x * 200)),
+        "cos": (exact.cos(x * 200), torch.cos(x * 200)),
+        "tanh": (exact.tanh(x), torch.tanh(x)),
+        "log": (exact.log(x.abs() + 1e-6), torch.log(x.abs() + 1e-6)),
+    }
+    for name, (got, want) in checks.items():
+        rel = ((got - want).abs() / want.abs().clamp_min(1e-300)).max()
+        assert rel < 1e-13, name
+    a, b = torch.randn(5, 700, dtype=torch.float64), torch.randn(700, 3, dtype=torch.float64)
+    err = (exact.matmul(a, b) - a @ b).abs().max() / (a.abs().max() * b.abs().max())
+    assert err < 2.0**-18  # 21-bit fixed point per operand, 700 terms
+
+
+def test_unknown_numeric_path_in_a_file_is_refused():
+    from seqkv_cli.skv.compress import resolve_codec
+
+    with pytest.raises(SeqkvError, match="numeric path 'portable-fx99' is unknown"):
+        resolve_codec({"id": "seq", "numerics": "portable-fx99"})
+    assert resolve_codec({"id": "seq"}).numerics == "canonical-fp32-rb8-kb256-v1"
+    assert resolve_codec("seq").numerics == "portable-fx53-v1"
+
+
+# -- other machines, simulated in subprocesses ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def portable_archive(tmp_path_factory, tiny_model_dir):
+    from seqkv_cli.kvcapture.api import capture
+    from seqkv_cli.skv.compress import compress_captures
+
+    work = tmp_path_factory.mktemp("portable")
+    (work / "a.txt").write_text("Portable bits: the same archive on every machine. " * 3)
+    (work / "b.txt").write_text("Portable bits: the same archive, branched off elsewhere.")
+    res = capture(
+        [str(work / "a.txt"), str(work / "b.txt")], model=str(tiny_model_dir), out=work / "caps"
+    )
+    for codec in ("seq", "seq-fast"):
+        compress_captures(
+            [r.path for r in res], work / f"{codec}.skv", codec=codec, model=str(tiny_model_dir)
+        )
+    return work, {r.capture.meta["session_id"]: r.capture for r in res}
+
+
+def _variant_id(env):
+    return ",".join(f"{k}={v}" for k, v in env.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SEQKV_BENCH_THREADS": "1"},
+        {"SEQKV_BENCH_THREADS": "3"},
+        {"SEQKV_BENCH_THREADS": "5"},
+        {"SEQKV_BENCH_THREADS": "7"},
+        {"ATEN_CPU_CAPABILITY": "default", "SEQKV_BENCH_THREADS": "2"},
+        {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "SEQKV_BENCH_THREADS": "8"},
+    ],
+    ids=_variant_id,
+)
+def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tiny_model_dir, env):
+    from portability import capture_digest, decode_in_child
+
+    work, captures = portable_archive
+    want = {sid: capture_digest(cap) for sid, cap in captures.items()}
+    for codec in ("seq", "seq-fast"):
+        got, _ = decode_in_child(work / f"{codec}.skv", str(tiny_model_dir), env, timeout=300)
+        assert got == want, f"{codec} under {env}"
+
+
+@pytest.mark.model
+def test_embedded_model_archive_decodes_the_same_under_other_isa_and_threads(embedded_lm, tmp_path):
+    from portability import capture_digest, decode_in_child
+
+    from seqkv_cli.kvcapture.api import capture
+    from seqkv_cli.skv.compress import compress_captures
+
+    src = Path(__file__).resolve().parent.parent / "sample_data" / "sample_code.py"
+    [res] = capture([str(src)], model=embedded_lm, out=tmp_path / "caps", max_tokens=40)
+    compress_captures([res.path], tmp_path / "code.skv", codec="seq", model=embedded_lm)
+    want = {res.capture.meta["session_id"]: capture_digest(res.capture)}
+    for env in (
+        {"ATEN_CPU_CAPABILITY": "default", "SEQKV_BENCH_THREADS": "5"},
+        {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "SEQKV_BENCH_THREADS": "3"},
+    ):
+        got, _ = decode_in_child(tmp_path / "code.skv", None, env, timeout=600)
+        assert got == want, json.dumps(env)
+
+
+@pytest.mark.model
+def test_embedded_model_kv_is_within_bf16_precision_of_transformers(embedded_lm):
+    from transformers import DynamicCache
+
+    from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.hfcompat import forward_with_cache
+
+    ids = torch.tensor(embedded_lm.tokenizer("The archive decodes on any machine.").input_ids)
+    canon = canonical_model(embedded_lm)
+    state = canon.new_state(len(ids))
+    canon.forward(state, ids)
+    with torch.no_grad():
+        _, cache = forward_with_cache(embedded_lm.model, ids[None], DynamicCache())
+    for layer in range(canon.num_layers):
+        ref_k, ref_v = cache.layers[layer].keys[0], cache.layers[layer].values[0]
+        k, v = state.layer_kv(layer)
+        for got, ref in ((k, ref_k), (v, ref_v)):
+            rel = (got - ref).abs().max() / ref.abs().max()
+            assert rel < 2.0**-9, f"layer {layer}: {float(rel):.2e}"  # below bf16's rounding
