@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, handle_errors, human_bytes
+from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
 from seqkv_cli.commands.capture import ModelOption
 from seqkv_cli.errors import SeqkvError
 
@@ -23,12 +23,13 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
     with Archive(archive) as arc:
         acc = account(arc)
         console.print(
-            f"[bold]{archive}[/]  format {'.'.join(map(str, arc.reader.version))}, "
-            f"{human_bytes(acc.file_bytes)}, codec {arc.codec.codec_id} "
-            f"{json.dumps(arc.codec.get_config())}"
+            f"[bold]{shown(archive)}[/]  format {'.'.join(map(str, arc.reader.version))}, "
+            f"{human_bytes(acc.file_bytes)}, codec {shown(arc.codec.codec_id)} "
+            f"{shown(json.dumps(arc.codec.get_config()))}"
         )
         console.print(
-            f"model {arc.model.get('name', '?')}  fingerprint {arc.model.get('fingerprint', '?')}"
+            f"model {shown(arc.model.get('name', '?'))}  "
+            f"fingerprint {shown(arc.model.get('fingerprint', '?'))}"
         )
         table = Table()
         for col in ("session", "positions", "dtype", "bytes", "bits/position", "log2 PP"):
@@ -36,9 +37,9 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
         for s in acc.sessions:
             ppl = s["log2_ppl"]
             table.add_row(
-                s["id"],
+                shown(s["id"]),
                 f"{s['positions']:,}",
-                s["dtype"],
+                shown(s["dtype"]),
                 human_bytes(s["bytes"]),
                 _bits(s["bits_per_position"]),
                 "-" if ppl is None else f"{ppl:.3f}",
@@ -49,7 +50,7 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
             parts.add_column(col, justify="left" if col == "part" else "right")
         for part, n in acc.parts.items():
             parts.add_row(
-                part,
+                shown(part),
                 human_bytes(n),
                 f"{n * 8 / max(acc.positions, 1):,.2f}",
                 f"{100 * n / max(acc.file_bytes, 1):.1f}%",
@@ -84,8 +85,8 @@ def verify_command(
 ) -> None:
     """Check every checksum and decode every block; with --against, measure fidelity."""
     from seqkv_cli.kvcapture.capture_file import load_capture
-    from seqkv_cli.skv.fidelity import attention_error, compare
     from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.skv.verify import restored_problems
 
     with Archive(archive, model=model) as arc:
         arc.reader.verify()
@@ -97,53 +98,67 @@ def verify_command(
         if missing:
             raise SeqkvError(f"{archive} holds no session {sorted(missing)[0]!r} to compare with")
         table = Table(
-            title=f"{archive}: integrity OK ({len(arc.sessions)} sessions, codec "
-            f"{arc.codec.codec_id})"
+            title=f"{shown(archive)}: integrity OK ({len(arc.sessions)} sessions, codec "
+            f"{shown(arc.codec.codec_id)})"
         )
         for col in ("session", "exact", "max abs err", "rel L2 err", "attention err"):
             table.add_column(col, justify="left" if col == "session" else "right")
-        inexact = []
+        failed = {}
         for entry, restored in arc.restore_many(arc.sessions):
             if isinstance(restored, Exception):
                 raise restored
             original = originals.get(entry["id"])
             if original is None:
-                table.add_row(entry["id"], "-", "-", "-", "-")
+                table.add_row(shown(entry["id"]), "-", "-", "-", "-")
                 continue
-            rows = [
-                compare(a, b, i, kind)
-                for kind, xs, ys in (
-                    ("key", original.keys, restored.keys),
-                    ("value", original.values, restored.values),
-                )
-                for i, (a, b) in enumerate(zip(xs, ys, strict=True))
-            ]
-            exact = all(r.exact for r in rows)
-            attn = attention_error(original.keys, original.values, restored.keys, restored.values)
-            table.add_row(
-                entry["id"],
-                "yes" if exact else "no",
-                f"{max(r.max_abs for r in rows):.3g}",
-                f"{max(r.rel_l2 for r in rows):.3g}",
-                f"{attn:.3g}",
-            )
-            if per_layer:
-                for r in rows:
-                    table.add_row(
-                        f"  layer {r.layer} {r.kind}",
-                        "yes" if r.exact else "no",
-                        f"{r.max_abs:.3g}",
-                        f"{r.rel_l2:.3g}",
-                        "",
-                    )
-            if arc.codec.lossless and not exact:
-                inexact.append(entry["id"])
+            problems = restored_problems(original, restored, arc.codec)
+            if problems:
+                failed[entry["id"]] = problems
+            _fidelity_rows(table, entry["id"], original, restored, per_layer, problems)
         console.print(table)
-        if inexact:
+        if failed:
+            sid, problems = next(iter(failed.items()))
+            which = "" if len(failed) == 1 else f"{sid}: "
             raise SeqkvError(
-                f"lossless codec {arc.codec.codec_id} did not restore "
-                f"{', '.join(inexact)} bit-exactly",
+                f"codec {arc.codec.codec_id} did not restore {', '.join(failed)} "
+                f"({which}{'; '.join(problems)})",
                 exit_code=1,
+            )
+
+
+def _fidelity_rows(table, sid: str, original, restored, per_layer: bool, problems) -> None:
+    """The session's error row (and one per layer); no numbers where the shapes differ."""
+    from seqkv_cli.skv.fidelity import attention_error, compare
+    from seqkv_cli.skv.verify import structure_problems
+
+    if problems and structure_problems(original, restored):
+        table.add_row(shown(sid), "no", "-", "-", "-")
+        return
+    rows = [
+        compare(a, b, i, kind)
+        for kind, xs, ys in (
+            ("key", original.keys, restored.keys),
+            ("value", original.values, restored.values),
+        )
+        for i, (a, b) in enumerate(zip(xs, ys, strict=True))
+    ]
+    exact = all(r.exact for r in rows)
+    attn = attention_error(original.keys, original.values, restored.keys, restored.values)
+    table.add_row(
+        shown(sid),
+        "yes" if exact else "no",
+        f"{max(r.max_abs for r in rows):.3g}",
+        f"{max(r.rel_l2 for r in rows):.3g}",
+        f"{attn:.3g}",
+    )
+    if per_layer:
+        for r in rows:
+            table.add_row(
+                f"  layer {r.layer} {r.kind}",
+                "yes" if r.exact else "no",
+                f"{r.max_abs:.3g}",
+                f"{r.rel_l2:.3g}",
+                "",
             )
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, handle_errors, human_bytes, say
+from seqkv_cli.commands._common import console, handle_errors, human_bytes, say, shown
 from seqkv_cli.commands.capture import ModelOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
@@ -33,13 +33,16 @@ def pipeline_command(
     ] = "sample",
 ) -> None:
     """Capture inputs, compress them with seq and a per-vector baseline, verify, summarise."""
-    from seqkv_cli.kvcapture.api import capture_one, prepare_capture
+    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.kvcapture.api import capture_one, input_files, prepare_capture
     from seqkv_cli.skv.compress import compress_captures, resolve_codec
 
     if verify not in VERIFY_CHOICES:
         raise SeqkvError(f"--verify must be one of {', '.join(VERIFY_CHOICES)}, not '{verify}'")
     resolve_codec(baseline)
     out = Path(out)
+    for archive in (out / "seq.skv", out / f"{baseline}.skv"):
+        refuse_output_in_inputs(archive, input_files(inputs))  # before any capture runs
     lm, plan, targets = prepare_capture(
         inputs, model=model, out=out / "captures", dtype=dtype, progress=say
     )
@@ -76,13 +79,13 @@ def pipeline_command(
         )
     exact = _verify(out / "seq.skv", lm, captures, verify)
     _summary(lm, captures, seq, base, baseline, exact)
-    console.print(f"run written to {out} (captures/, seq.skv, {baseline}.skv)")
+    console.print(f"run written to {shown(out)} (captures/, seq.skv, {shown(baseline)}.skv)")
 
 
 def _verify(path: Path, lm, captures, mode: str) -> dict[str, bool]:
     """Decode the chosen sessions of the seq container and compare them with the captures."""
-    from seqkv_cli.skv.compress import same_capture
     from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.skv.verify import restored_problems
 
     if mode == "none":
         return {}
@@ -92,14 +95,18 @@ def _verify(path: Path, lm, captures, mode: str) -> dict[str, bool]:
         entries = sorted(arc.sessions, key=lambda e: e["positions"])
         chosen = entries if mode == "all" else entries[:2]
         say(f"verifying {len(chosen)} session(s) by decoding them")
-        result = {}
+        result, problems = {}, {}
         for entry, restored in arc.restore_many(chosen):
             if isinstance(restored, Exception):
                 raise restored
-            result[entry["id"]] = same_capture(by_id[entry["id"]], restored)
+            problems[entry["id"]] = restored_problems(by_id[entry["id"]], restored, arc.codec)
+            result[entry["id"]] = not problems[entry["id"]]
     bad = [k for k, ok in result.items() if not ok]
     if bad:
-        raise SeqkvError(f"seq did not restore {', '.join(bad)} bit-exactly", exit_code=1)
+        raise SeqkvError(
+            f"seq did not restore {', '.join(bad)} bit-exactly ({problems[bad[0]][0]})",
+            exit_code=1,
+        )
     return result
 
 
@@ -111,7 +118,7 @@ def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> 
         entries, per_session = arc.sessions, account(arc).sessions
     fp16_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
     table = Table(
-        title=f"seqkv pipeline: {lm.name} (fingerprint {lm.fingerprint[:12]}), "
+        title=f"seqkv pipeline: {shown(lm.name)} (fingerprint {shown(lm.fingerprint[:12])}), "
         f"bits per token position"
     )
     for col in (
@@ -130,7 +137,7 @@ def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> 
     for cap, entry, acc in zip(captures, entries, per_session, strict=True):
         c, bits, residual = cap.capture, acc["bits_per_position"], entry["residual_bytes"]
         table.add_row(
-            c.session_id,
+            shown(c.session_id),
             f"{c.positions:,}",
             f"{c.log2_ppl:.3f}",
             f"{bits:.3f}",

@@ -72,7 +72,7 @@ def output_paths(out: Path, documents: list[Document]) -> list[Path]:
     return targets
 
 
-def _input_files(inputs: list[str]) -> list[Path]:
+def input_files(inputs: list[str]) -> list[Path]:
     """The files `read_inputs` reads (a directory's files, not the directory itself)."""
     files = []
     for raw in inputs:
@@ -103,7 +103,7 @@ def prepare_capture(
         raise SeqkvError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
     documents = read_inputs([inputs] if isinstance(inputs, str) else list(inputs))
     targets = output_paths(Path(out), documents) if out is not None else [None] * len(documents)
-    inputs_read = _input_files([inputs] if isinstance(inputs, str) else list(inputs))
+    inputs_read = input_files([inputs] if isinstance(inputs, str) else list(inputs))
     for target in targets:
         if target is not None:
             refuse_output_in_inputs(target, inputs_read)

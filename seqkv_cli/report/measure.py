@@ -14,6 +14,7 @@ from seqkv_cli.report.windows import cost_curve, windows
 def measure_fidelity(row: Row, original, restored, where: str) -> None:
     """Exactness, max-abs error, worst per-tensor relative L2 error, attention-output error."""
     from seqkv_cli.skv.fidelity import attention_error
+    from seqkv_cli.skv.verify import bit_equal, kv_structure_problems
 
     if original.positions != restored.positions or not torch.equal(
         original.tokens.to(torch.long), restored.tokens.to(torch.long)
@@ -22,12 +23,11 @@ def measure_fidelity(row: Row, original, restored, where: str) -> None:
             f"{where}: session {row.id} does not hold the tokens of its capture "
             f"({restored.positions} vs {original.positions} positions); report them separately"
         )
+    if problems := kv_structure_problems(original, restored):
+        raise SeqkvError(f"{where}: session {row.id}: {problems[0]}; not comparable with it")
     a = torch.stack([*original.keys, *original.values])  # (2 * layers, heads, n, head_dim)
     b = torch.stack([*restored.keys, *restored.values])
-    # Bits, not values: NaN == NaN and -0.0 != 0.0 for a lossless promise.
-    row.exact = a.dtype == b.dtype and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    )
+    row.exact = bit_equal(a, b)  # the bits, as compress and verify judge them
     diff = (a.float() - b.float()).nan_to_num(nan=float("inf")).flatten(1)
     row.max_abs_error = float(diff.abs().max()) if diff.numel() else 0.0
     norms = a.float().flatten(1).norm(dim=1).clamp_min(1e-30)

@@ -170,8 +170,6 @@ def _load_canonical(model, numerics: str):
 
 
 def _write_sequential(writer, index, cap, coder, canon, check, result):
-    import torch
-
     enc = coder.encode(cap, canon)
     names: list[str] = []
     for part, data in enc.parts.items():
@@ -179,23 +177,11 @@ def _write_sequential(writer, index, cap, coder, canon, check, result):
         _add_section(writer, result, names, index, part, data, group)
     result.input_kv_bytes += cap.kv_bytes()
     if check:
+        from seqkv_cli.skv.verify import check_restored
+
         entry = {"id": cap.session_id, "positions": cap.positions, "dtype": cap.meta["dtype"]}
         restored = coder.decode(entry, enc.parts.get, canon)
-        # Lossless codecs must give back every bit; lossy ones the tokens and the shapes.
-        ok = (
-            same_capture(cap, restored)
-            if coder.lossless
-            else torch.equal(cap.tokens, restored.tokens)
-            and torch.equal(cap.surprisal.double(), restored.surprisal.double())
-            and [(t.shape, t.dtype) for t in cap.keys]
-            == [(t.shape, t.dtype) for t in restored.keys]
-            and within_tolerance(cap, restored, getattr(coder, "tolerance", None))
-        )
-        if not ok:
-            raise SeqkvError(
-                f"session {cap.session_id} did not round-trip through "
-                f"{coder.codec_id}; nothing written"
-            )
+        check_restored(cap, restored, coder, "nothing written")
     extra = {
         "token_bits_ideal": round(enc.token_bits_ideal, 3),
         "residual_bytes": enc.residual_bytes,
@@ -204,30 +190,11 @@ def _write_sequential(writer, index, cap, coder, canon, check, result):
     return names, extra
 
 
-def within_tolerance(a, b, eps: float | None) -> bool:
-    """Every restored K/V element within `eps` of the original (True when no bound is set)."""
-    if eps is None:
-        return True
-    pairs = [*zip(a.keys, b.keys, strict=True), *zip(a.values, b.values, strict=True)]
-    return all(float((x.double() - y.double()).abs().max()) <= eps for x, y in pairs)
-
-
 def same_capture(a, b) -> bool:
-    """Tokens, surprisal and every K/V tensor equal bit for bit."""
-    import torch
+    """Tokens, surprisal and every K/V tensor equal bit for bit (see skv/verify.py)."""
+    from seqkv_cli.skv.verify import same_capture as same
 
-    pairs = [
-        (a.tokens, b.tokens),
-        (a.surprisal.double(), b.surprisal.double()),
-        *zip(a.keys, b.keys, strict=True),
-        *zip(a.values, b.values, strict=True),
-    ]
-    return all(
-        x.dtype == y.dtype
-        and x.shape == y.shape
-        and torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
-        for x, y in pairs
-    )
+    return same(a, b)
 
 
 def _same_model(model: dict | None, cap, path: Path) -> dict:

@@ -73,25 +73,15 @@ def compress_trie(
 
 def verify_against(path: Path, sources, coder, lm) -> None:
     """Restore every session of `path` and compare it with its capture; refuse on any miss."""
-    from seqkv_cli.skv.compress import same_capture, within_tolerance
     from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.skv.verify import check_restored
 
     by_id = {s.session_id: s for s in sources}
     with Archive(path, model=lm) as arc:
         for entry, restored in arc.restore_many(arc.sessions):
             if isinstance(restored, Exception):
                 raise SeqkvError(f"verification failed, nothing written: {restored}")
-            cap = by_id[entry["id"]].load()
-            ok = (
-                same_capture(cap, restored)
-                if coder.lossless
-                else within_tolerance(cap, restored, getattr(coder, "tolerance", None))
-            )
-            if not ok:
-                raise SeqkvError(
-                    f"session {entry['id']} did not round-trip through {coder.codec_id}; "
-                    "nothing written"
-                )
+            check_restored(by_id[entry["id"]].load(), restored, coder, "nothing written")
 
 
 def _kv_bytes(meta: dict, positions: int) -> int:
