@@ -8,7 +8,10 @@ permissions the user's umask asks for, and only ever delete what this run create
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import secrets
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -113,3 +116,45 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# Temporary files are tagged `{host}-{pid}-{random}`: unique to one run, and a later run on
+# the same host can tell the leftovers of a writer killed with SIGKILL from a live one's.
+def host_tag() -> str:
+    """Short and file-name safe; PIDs only mean something on the host that made them."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def run_tag() -> str:
+    """`{host}-{pid}-{random}`: this run's part of a temporary file's name."""
+    return f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def pid_alive(pid: int) -> bool:
+    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill(pid, 0) is a Ctrl-C
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but not ours (EPERM), or the platform cannot tell: keep it
+        return True
+    return True
+
+
+def clean_stale_temporaries(out: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """Delete `.{out}.{run_tag}...{suffix}` files (and `..` temporaries of those) left by
+    writers on this host that no longer run; live writers' files are kept."""
+    removed = []
+    folder, prefix = Path(out).absolute().parent, f".{Path(out).name}.{host_tag()}-"
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            name = entry.name.removeprefix(".") if entry.name.startswith("..") else entry.name
+            if not (name.startswith(prefix) and name.endswith(suffixes)):
+                continue
+            pid = name[len(prefix) :].split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed

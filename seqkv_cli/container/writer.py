@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,6 +29,7 @@ from seqkv_cli.container.format import (
 )
 from seqkv_cli.container.index import IndexRecord, SectionEntry, encode_record
 from seqkv_cli.container.schema import SchemaViolation, check_header, check_section_name
+from seqkv_cli.fsutil import clean_stale_temporaries, run_tag
 
 Buffer = bytes | bytearray | memoryview  # or any C-contiguous buffer, e.g. a numpy array
 
@@ -103,7 +103,8 @@ class ContainerWriter:
         self.path = os.fspath(path)
         directory, base = os.path.split(os.path.abspath(self.path))
         self._directory = directory
-        self._tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        clean_stale_temporaries(self.path, (".tmp",))  # of writers killed mid-write
+        self._tmp = os.path.join(directory, f".{base}.{run_tag()}.tmp")
         try:
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as error:

@@ -86,23 +86,47 @@ def _download_gguf(where: Path, progress) -> Path:
 
 
 def convert_gguf(gguf: Path, target: Path, *, progress=None) -> Path:
-    """Dequantize a GGUF file into a safetensors model folder at `target` (atomically)."""
+    """Dequantize a GGUF file into a safetensors model folder at `target` (atomically).
+
+    Converters of one target take turns under a lock; the folder is written under a name
+    unique to this run and renamed into place, so a converted copy (one with its marker) is
+    never deleted, and a run that fails leaves only what was there before."""
+    from seqkv_cli.fsutil import run_tag
     from seqkv_cli.runtime.loading import load_gguf
 
-    if progress:
-        progress(f"converting {gguf.name} to safetensors (once)")
-    model, tokenizer = load_gguf(gguf)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + ".tmp"))
-    try:
-        save_clean(model, tokenizer, staging)
-        (staging / CONVERTED_MARKER).write_text(f'{{"source": "{gguf.name}"}}\n')
-        if target.exists():
-            shutil.rmtree(target)
-        staging.replace(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Not target + ".lock": embedded_model_path holds that one around this call.
+    with FileLock(str(target) + ".convert.lock"):
+        if (target / CONVERTED_MARKER).exists():
+            return target  # another run converted it while this one waited
+        if progress:
+            progress(f"converting {gguf.name} to safetensors (once)")
+        model, tokenizer = load_gguf(gguf)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{run_tag()}."))
+        try:
+            save_clean(model, tokenizer, staging)
+            (staging / CONVERTED_MARKER).write_text(f'{{"source": "{gguf.name}"}}\n')
+            _swap_in(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return target
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Rename `staging` to `target`. A folder already there has no marker (an unfinished
+    copy): it is renamed aside first, since a rename cannot replace a non-empty folder."""
+    if not target.exists():
+        staging.rename(target)
+        return
+    aside = staging.with_name(staging.name + ".old")
+    target.rename(aside)
+    try:
+        staging.rename(target)
+    except BaseException:
+        aside.rename(target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def save_clean(model, tokenizer, folder: Path) -> None:

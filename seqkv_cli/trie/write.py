@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import secrets
-import socket
 import threading
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import host_tag, pid_alive, run_tag
 from seqkv_cli.trie.encode import SegmentBuild, encode_model_segment, refuse_empty
 from seqkv_cli.trie.plan import Trie, insertion_order
 from seqkv_cli.trie.sources import Source
@@ -111,8 +108,7 @@ def staging(out: Path) -> Path:
     """This run's staging file for `out` (the same path from write_new to publish/discard)."""
     key = (os.path.abspath(out), threading.get_ident())
     if key not in _STAGED:
-        tag = f"{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
-        _STAGED[key] = Path(out).with_name(f".{Path(out).name}.{tag}{_SUFFIX}")
+        _STAGED[key] = Path(out).with_name(f".{Path(out).name}.{run_tag()}{_SUFFIX}")
     return _STAGED[key]
 
 
@@ -143,33 +139,10 @@ def discard(out: Path) -> None:
 def clean_stale_staging(out: Path) -> list[Path]:
     """Delete staging files of `out` (and the container writer's temporaries of them) left
     by writers on this host that no longer run; live writers' files are kept."""
-    removed = []
-    folder, prefix = Path(out).absolute().parent, f".{Path(out).name}.{_host_tag()}-"
-    with contextlib.suppress(OSError):
-        for entry in folder.iterdir():
-            name = entry.name.removeprefix(".") if entry.name.startswith("..") else entry.name
-            if not (name.startswith(prefix) and name.endswith((_SUFFIX, ".tmp"))):
-                continue
-            pid = name[len(prefix) :].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    entry.unlink()
-                    removed.append(entry)
-    return removed
+    from seqkv_cli.fsutil import clean_stale_temporaries
+
+    return clean_stale_temporaries(out, (_SUFFIX, ".tmp"))
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill(pid, 0) is a Ctrl-C
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists but not ours (EPERM), or the platform cannot tell: keep it
-        return True
-    return True
-
-
-def _host_tag() -> str:
-    """Short and file-name safe; PIDs only mean something on the host that made them."""
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+# compact and tests name these; they live in fsutil, shared with the container writer.
+_alive, _host_tag = pid_alive, host_tag
