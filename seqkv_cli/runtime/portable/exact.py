@@ -47,6 +47,11 @@ def contraction_bits(length: int) -> int:
     return (MANTISSA - max(1, length - 1).bit_length()) // 2
 
 
+def f64(x: torch.Tensor) -> torch.Tensor:
+    """x as fp64 (exact), without a copy when it already is."""
+    return x if x.dtype == torch.float64 else x.to(torch.float64)
+
+
 def pow2(e: torch.Tensor) -> torch.Tensor:
     """2**e as fp64 for integer ``e`` in [-1022, 1023], built from its bits (exact)."""
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
@@ -62,11 +67,11 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
 
     The scale depends on that row alone, so a row quantizes the same in any batch.
     """
-    a = x.to(torch.float64)
+    a = f64(x)
     _, exponent = torch.frexp(a.abs().amax(dim=-1, keepdim=True))
-    # Clamped so that 2**e and 2**-e are normal numbers (rows beyond 2**±900 are refused
-    # nowhere but never occur in a model: they would be inf in fp32).
-    e = exponent.to(torch.int64).clamp(-900, 900) - bits
+    # Clamped so that any two scales multiply to a normal power of two (|e1 + e2| < 1022);
+    # rows beyond 2**±450 never occur (fp32 ends at 2**128).
+    e = exponent.to(torch.int64).clamp(-450, 450) - bits
     return torch.round(scale(a, -e)), e
 
 
@@ -75,7 +80,7 @@ def fixed_matmul(
 ) -> torch.Tensor:
     """Exact fp64 ``(X · 2^ex) @ (W · 2^ew)ᵀ`` from quantized rows xq (.., M, K), wq (.., N, K)."""
     s = torch.matmul(xq, wq.transpose(-1, -2))
-    return scale(scale(s, ex), ew.transpose(-1, -2))
+    return scale(s, ex + ew.transpose(-1, -2))  # one exact power of two (see quantize_rows)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -91,7 +96,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     """Sum over ``dim`` in fp64, adding halves pairwise in an order fixed by the length."""
-    a = x.to(torch.float64).movedim(dim, -1)
+    a = f64(x).movedim(dim, -1)
     n = a.shape[-1]
     if n == 0:
         out = a.new_zeros(a.shape[:-1])
@@ -119,7 +124,7 @@ _EXP_COEF = [1.0 / math.factorial(n) for n in range(_EXP_TERMS)]
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e**x: x = k·ln2 + r, Taylor polynomial of e**r, times 2**k."""
-    a = x.to(torch.float64)
+    a = f64(x)
     neg_inf = a == -math.inf
     a = a.clamp(_EXP_MIN, _EXP_MAX)
     k = torch.round(a * _LOG2E)
@@ -132,7 +137,7 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 
 def log(x: torch.Tensor) -> torch.Tensor:
     """Natural log: x = m·2**k with m in [√½, √2), log m = 2·atanh((m-1)/(m+1)) as a series."""
-    a = x.to(torch.float64)
+    a = f64(x)
     m, k = torch.frexp(a)
     small = m < math.sqrt(0.5)
     m = torch.where(small, m * 2.0, m)
@@ -151,7 +156,7 @@ _COS_COEF = [(-1.0) ** n / math.factorial(2 * n) for n in range(_TRIG_TERMS)]
 
 
 def _reduce_quadrant(x: torch.Tensor):
-    a = x.to(torch.float64)
+    a = f64(x)
     k = torch.round(a * _TWO_OVER_PI)
     r = ((a - k * _PIO2[0]) - k * _PIO2[1]) - k * _PIO2[2]
     r2 = r * r
@@ -173,18 +178,18 @@ def cos(x: torch.Tensor) -> torch.Tensor:
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    a = x.to(torch.float64)
+    a = f64(x)
     return (1.0 / (1.0 + exp(-a))).to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    a = x.to(torch.float64)
+    a = f64(x)
     return (a / (1.0 + exp(-a))).to(x.dtype)
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
     """tanh from exp; a short odd series near 0, where 1 - 2/(e^2x + 1) would cancel."""
-    a = x.to(torch.float64)
+    a = f64(x)
     big = 1.0 - 2.0 / (exp(2.0 * a.abs()) + 1.0)
     big = torch.where(a < 0, -big, big)
     a2 = a * a
@@ -194,13 +199,13 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the "gelu_pytorch_tanh" of Gemma/Phi."""
-    a = x.to(torch.float64)
+    a = f64(x)
     inner = math.sqrt(2.0 / math.pi) * (a + 0.044715 * (a * a * a))
     return (0.5 * a * (1.0 + tanh(inner))).to(x.dtype)
 
 
 def rsqrt(x: torch.Tensor) -> torch.Tensor:
-    a = x.to(torch.float64)
+    a = f64(x)
     return (1.0 / torch.sqrt(a)).to(x.dtype)
 
 
@@ -223,12 +228,12 @@ def pow_(base: torch.Tensor | float, exponent: torch.Tensor | float, dtype: torc
 
 
 def softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    a = x.to(torch.float64)
+    a = f64(x)
     e = exp(a - a.amax(dim=dim, keepdim=True))
     return (e / tree_sum(e, dim, keepdim=True)).to(dtype or x.dtype)
 
 
 def log_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    a = x.to(torch.float64)
+    a = f64(x)
     shifted = a - a.amax(dim=dim, keepdim=True)
     return (shifted - log(tree_sum(exp(shifted), dim, keepdim=True))).to(dtype or x.dtype)

@@ -9,8 +9,10 @@ rather than run an op whose bits nobody checked.
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.portable import exact
@@ -152,9 +154,16 @@ _EXACT = {
 _INTEGER_ONLY = {"cumsum", "prod"}
 
 
-def _base_name(func) -> str:
+@functools.cache
+def _op_name(func) -> tuple[str, bool]:
+    """(base name, in place?) of an aten overload: ``aten::add_.Tensor`` -> ("add", True)."""
     name = func._schema.name.split("::")[-1]
-    return name[:-1] if name.endswith("_") and not name.startswith("_") else name
+    inplace = name.endswith("_") and not name.startswith("_")
+    return (name[:-1] if inplace else name), inplace
+
+
+def _base_name(func) -> str:
+    return _op_name(func)[0]
 
 
 def _is_float(x) -> bool:
@@ -171,17 +180,13 @@ class PortableMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = _base_name(func)
+        name, inplace = _op_name(func)
         handler = _REPLACED.get(name)
         if handler is not None:
-            with _disable_current_modes():  # the replacement's own ops run natively
-                out = handler(self, func, args, kwargs)
-            if func._schema.name.endswith("_") and name + "_" == func._schema.name.split("::")[-1]:
-                return args[0].copy_(out)  # in-place variant: the same value, written back
-            return out
+            out = handler(self, func, args, kwargs)  # the mode is off inside its own handler
+            return args[0].copy_(out) if inplace else out  # in place: the value written back
         if name in ("add", "sub"):
-            with _disable_current_modes():
-                return _add_sub(func, args, kwargs)
+            return _add_sub(func, args, kwargs)
         if name in _INTEGER_ONLY and not any(_is_float(a) for a in args):
             return func(*args, **kwargs)
         if name == "index_put":
