@@ -3,7 +3,8 @@
 Model-coded files need the exact model: the tiny random model is stored beside them (so the
 goldens do not depend on torch's random generator), with the capture they restore to. Never
 re-run this to make a failing golden test pass; a new numeric path gets new goldens beside the
-old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR
+old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR [NUMERICS]
+(seq-v1/ was written by de81bf6 on the legacy path; seq-portable-v1/ on portable-fx53-v1.)
 """
 
 from __future__ import annotations
@@ -25,22 +26,24 @@ TEXT = (
 FILES = {"seq-trie": ("seq", "trie"), "seq-flat": ("seq", "flat"), "seq-fast": ("seq-fast", "trie")}
 
 
-def main(out: Path) -> None:
+def main(out: Path, numerics: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    model = build_tiny_model(out / "model", seed=7)
+    model = build_tiny_model(out / "model", seed=7)  # seq-portable-v1 reads ../seq-v1/model
     (out / "a.txt").write_text(TEXT * 2)
     (out / "b.txt").write_text(TEXT + "A second session branches off here.")
     inputs = [str(out / "a.txt"), str(out / "b.txt")]
-    results = capture(inputs, out=out / "captures", model=str(model))
+    kwargs = {"numerics": numerics} if numerics else {}  # de81bf6 had no numerics argument
+    results = capture(inputs, out=out / "captures", model=str(model), **kwargs)
     paths = [r.path for r in results]
     expected = {}
     for name, (codec, layout) in FILES.items():
+        spec = {"id": codec, "numerics": numerics} if numerics else codec
         res = compress_captures(
-            paths, out / f"{name}.skv", codec=codec, model=str(model), layout=layout
+            paths, out / f"{name}.skv", codec=spec, model=str(model), layout=layout
         )
         expected[name] = {"codec": codec, "layout": layout, "bytes": res.file_bytes}
     (out / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

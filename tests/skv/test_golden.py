@@ -46,3 +46,21 @@ def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
     assert sorted(restored) == ["a", "b"]
     for sid, cap in restored.items():
         assert same_capture(cap, load_capture(SEQ_GOLDEN / "captures" / f"{sid}.safetensors"))
+
+
+PORTABLE_GOLDEN = SEQ_GOLDEN.parent / "seq-portable-v1"
+
+
+@pytest.mark.parametrize("name", sorted(SEQ_FILES))
+def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
+    """Files of portable-fx53-v1 (same tiny model as seq-v1): the definition never drifts."""
+    from seqkv_cli.skv.compress import same_capture
+
+    with Archive(PORTABLE_GOLDEN / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.codec.numerics == "portable-fx53-v1"
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    assert sorted(restored) == ["a", "b"]
+    for sid, cap in restored.items():
+        original = load_capture(PORTABLE_GOLDEN / "captures" / f"{sid}.safetensors")
+        assert original.meta["numeric_path"] == "portable-fx53-v1"
+        assert same_capture(cap, original)

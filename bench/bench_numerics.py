@@ -1,0 +1,124 @@
+"""Portable vs legacy numerics on the embedded model: bits, K/V error, speed.
+
+    python bench/bench_numerics.py --threads 2 [--json out.json]
+
+* bits: token cross-entropy under each path vs the float model (transformers eager fp32) on
+  sample_data texts of >= 1,000 tokens (prose + code, and the agent snapshots);
+* K/V error of each canonical path vs an ordinary transformers fp32 forward (max relative);
+* speed: prefill of 256 tokens, one-token steps (median of 24), 8 sequences stepped as rows.
+Run it alone: on 2 cores a neighbour's load is measured too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import SAMPLE  # noqa: E402
+
+
+def texts(lm) -> dict[str, torch.Tensor]:
+    """Token ids of the texts measured: prose + code, and the last (longest) agent snapshot."""
+    from seqkv_cli.kvcapture.engine import tokenize
+    from seqkv_cli.kvcapture.inputs import read_inputs
+
+    prose_code = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
+    snapshot = read_inputs([str(SAMPLE / "agent_snapshots.jsonl")])[-1]
+    return {
+        "prose+code": torch.tensor(lm.tokenizer(prose_code).input_ids[:1200]),
+        "agent snapshot": torch.tensor(tokenize(lm, snapshot)[:1200]),
+    }
+
+
+def bits_per_token(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    lp = torch.log_softmax(logits.double(), -1)[torch.arange(len(ids) - 1), ids[1:]]
+    return float(-lp.mean() / math.log(2))
+
+
+def float_logits_and_kv(model, ids):
+    from transformers import DynamicCache
+
+    from seqkv_cli.runtime.hfcompat import forward_with_cache
+
+    with torch.no_grad():
+        logits, cache = forward_with_cache(model, ids[None], DynamicCache())
+    kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+    return logits[0].float(), kv
+
+
+def speed(canon, ids) -> dict[str, float]:
+    state = canon.new_state(len(ids) + 40)
+    t = time.perf_counter()
+    canon.forward(state, ids[:256])
+    prefill = time.perf_counter() - t
+    steps = []
+    for i in range(256, 280):
+        t = time.perf_counter()
+        canon.forward(state, ids[i : i + 1])
+        steps.append(time.perf_counter() - t)
+    states = [canon.new_state(300) for _ in range(8)]
+    for s in states:
+        canon.forward(s, ids[:100])
+    rows = []
+    for i in range(8):
+        t = time.perf_counter()
+        canon.forward_rows(states, [int(ids[100 + i])] * 8)
+        rows.append(time.perf_counter() - t)
+    return {
+        "prefill_256_s": prefill,
+        "step_ms": 1000 * statistics.median(steps),
+        "rows8_step_ms": 1000 * statistics.median(rows),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.loading import load_model
+    from seqkv_cli.runtime.numerics import LEGACY, PORTABLE
+
+    lm = load_model()
+    result: dict = {"threads": args.threads, "texts": {}, "speed": {}}
+    docs = texts(lm)
+    for name, ids in docs.items():
+        ref_logits, ref_kv = float_logits_and_kv(lm.model, ids)
+        row = {"tokens": len(ids), "float": bits_per_token(ref_logits, ids)}
+        for path in (PORTABLE, LEGACY):
+            canon = canonical_model(lm, path)
+            state = canon.new_state(len(ids))
+            logits = torch.cat(
+                [canon.forward(state, ids[s : s + 256]) for s in range(0, len(ids), 256)]
+            )
+            row[path] = bits_per_token(logits, ids)
+            row[f"{path} kv_rel_err"] = max(
+                float((state.layer_kv(i)[j] - ref_kv[i][j]).abs().max() / ref_kv[i][j].abs().max())
+                for i in range(canon.num_layers)
+                for j in (0, 1)
+            )
+        result["texts"][name] = row
+        print(name, json.dumps(row), flush=True)
+    ids = docs["prose+code"]
+    for path in (LEGACY, PORTABLE):
+        result["speed"][path] = speed(canonical_model(lm, path), ids)
+        print(path, json.dumps(result["speed"][path]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
