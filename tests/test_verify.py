@@ -263,7 +263,12 @@ def test_convert_gguf_replaces_an_unfinished_copy_and_a_failure_keeps_it(tmp_pat
 # -- restore.py keeps no second decompress --------------------------------------------------
 
 
-def test_restore_has_no_second_decompress():
-    import seqkv_cli.skv.restore as restore
+def test_restore_decompress_is_the_staged_one(tmp_path):
+    from seqkv_cli.skv import restore
 
-    assert not hasattr(restore, "decompress") and not hasattr(restore, "_safe")
+    caps = [write(tmp_path, "a b", "a"), write(tmp_path, "a_b", "b")]
+    skv = tmp_path / "x.skv"
+    assert invoke("compress", *caps, "-o", skv, "--codec", "raw").exit_code == 0
+    # the old copy named both sessions "a_b.safetensors": one overwrote the other
+    written = restore.decompress(skv, tmp_path / "out")
+    assert len({p.name for p in written}) == 2 and not hasattr(restore, "_safe")

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import ensure_writable_dir
 from seqkv_cli.skv.blocks import to_tensor
 from seqkv_cli.skv.layout import capture_meta_of, kv_part, section_name
 
@@ -352,35 +351,8 @@ def _int_in(value, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def decompress(
-    path: Path, out_dir: Path, session_ids: list[str] | None = None, on_session=None, model=None
-) -> list[Path]:
-    """Write capture files for the chosen sessions (all by default); all or nothing."""
-    from seqkv_cli.kvcapture.capture_file import save_capture
+def decompress(path: Path, out_dir: Path, session_ids: list[str] | None = None, **kw):
+    """The one decompress (skv/decompress.py); kept here because bench/_child.py imports it."""
+    from seqkv_cli.skv.decompress import decompress as decompress_all
 
-    ensure_writable_dir(out_dir)
-    written: list[Path] = []
-    with Archive(path, model=model) as archive:
-        entries = [archive.session(s) for s in session_ids] if session_ids else archive.sessions
-        try:
-            for entry, restored in archive.restore_many(entries):
-                if isinstance(restored, Exception):
-                    raise restored
-                target = out_dir / f"{_safe(entry['id'])}.safetensors"
-                save_capture(restored, target)
-                written.append(target)
-                if on_session:
-                    on_session(entry, target)
-        except BaseException:
-            for done in written:  # a failed run leaves no partial set of files behind
-                done.unlink(missing_ok=True)
-            raise
-    # Trie archives finish sessions in decode order; callers get them in the order asked.
-    order = {_safe(e["id"]): i for i, e in enumerate(entries)}
-    return sorted(written, key=lambda t: order[t.stem])
-
-
-def _safe(session_id: str) -> str:
-    from seqkv_cli.kvcapture.inputs import Document
-
-    return Document(id=session_id, source="").file_stem
+    return decompress_all(path, out_dir, session_ids, **kw)

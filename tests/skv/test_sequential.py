@@ -10,7 +10,8 @@ from seqkv_cli import capture, load_capture
 from seqkv_cli.cli import app
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive, decompress
+from seqkv_cli.skv.decompress import decompress
+from seqkv_cli.skv.restore import Archive
 
 runner = CliRunner()
 
