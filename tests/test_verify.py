@@ -272,3 +272,14 @@ def test_restore_decompress_is_the_staged_one(tmp_path):
     # the old copy named both sessions "a_b.safetensors": one overwrote the other
     written = restore.decompress(skv, tmp_path / "out")
     assert len({p.name for p in written}) == 2 and not hasattr(restore, "_safe")
+
+
+def test_report_refuses_restored_kv_of_another_shape_in_one_line():
+    from types import SimpleNamespace
+
+    from seqkv_cli.report.measure import measure_fidelity
+
+    cap = synthetic("a")
+    bad = altered(cap, keys=[cap.keys[0][:, :, :4], cap.keys[1]])  # torch.stack raised before
+    with pytest.raises(SeqkvError, match=r"x\.skv: session a: layer 0 key shape"):
+        measure_fidelity(SimpleNamespace(id="a"), cap, bad, "x.skv")
