@@ -29,7 +29,7 @@ from seqkv_cli.container.format import (
 )
 from seqkv_cli.container.index import IndexRecord, SectionEntry, encode_record
 from seqkv_cli.container.schema import SchemaViolation, check_header, check_section_name
-from seqkv_cli.fsutil import clean_stale_temporaries, run_tag
+from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
 
 Buffer = bytes | bytearray | memoryview  # or any C-contiguous buffer, e.g. a numpy array
 
@@ -137,7 +137,7 @@ class ContainerWriter:
             file.close()
             self._file = None
             os.replace(self._tmp, self.path)
-            fsync_directory(self._directory)
+            fsync_dir(self._directory)
         section_bytes = sum(entry.length for entry in self._sink.entries)
         return WriteResult(self.path, 1, offset + len(raw), section_bytes, len(raw))
 
@@ -192,17 +192,3 @@ def write_container(
         for name, data in sections:
             writer.add_section(name, data)
         return writer.finish(header)
-
-
-def fsync_directory(directory: str) -> None:
-    """Make a rename durable; some platforms cannot open directories, which is fine."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
