@@ -317,6 +317,46 @@ def _delta_cost(ops: list[tuple], member_side: bool) -> int:
     return len(ops) + sum((o[4] - o[3]) if member_side else (o[2] - o[1]) for o in edits)
 
 
+SHINGLE = 8  # tokens per shingle: any linking pair shares one (an equal run is >= 8 tokens)
+SHINGLE_SPAN = 4096  # leading tokens of a session that are shingled
+MAX_CANDIDATES = 32  # partners aligned per session (the ones sharing the most shingles)
+MAX_MEDOID_TRIALS = 8  # centroid candidates tried in a cluster larger than that
+
+
+def _shingles(ids: np.ndarray) -> set[bytes]:
+    lead = np.ascontiguousarray(ids[:SHINGLE_SPAN], dtype="<i8")
+    return {lead[i : i + SHINGLE].tobytes() for i in range(max(0, len(lead) - SHINGLE + 1))}
+
+
+def candidate_pairs(ids: dict[str, np.ndarray]) -> list[tuple[str, str]]:
+    """Pairs that can link: they share a shingle; at most MAX_CANDIDATES partners each.
+
+    A linking pair always shares an 8-token shingle (its aligned span ends on an equal run of
+    >= 8 tokens, or is an exact prefix of >= min_prefix tokens), so with few partners per
+    session this finds every pair the all-pairs loop found; beyond that it keeps the partners
+    that share the most shingles. Cost: O(total shingles) to index + O(n * MAX_CANDIDATES)
+    alignments, instead of O(n^2) alignments.
+    """
+    names = sorted(ids)
+    index: dict[bytes, list[int]] = {}
+    for k, n in enumerate(names):
+        for sh in _shingles(ids[n]):
+            index.setdefault(sh, []).append(k)
+    shared: list[dict[int, int]] = [{} for _ in names]
+    for posting in index.values():
+        if len(posting) > 4 * MAX_CANDIDATES:  # a shingle everyone has (a common prompt) says
+            posting = posting[: 4 * MAX_CANDIDATES]  # little; keep the index bounded
+        for a in posting:
+            for b in posting:
+                if a != b:
+                    shared[a][b] = shared[a].get(b, 0) + 1
+    pairs = set()
+    for a, partners in enumerate(shared):
+        best = sorted(partners, key=lambda b: (-partners[b], b))[:MAX_CANDIDATES]
+        pairs.update((min(a, b), max(a, b)) for b in best)
+    return [(names[a], names[b]) for a, b in sorted(pairs)]
+
+
 def cluster(
     sessions: dict[str, np.ndarray],
     max_edit_fraction: float = 0.05,
@@ -329,9 +369,9 @@ def cluster(
     Two sessions link when `near_prefix` of the pair is at least ``min_prefix`` tokens; a
     cluster is a connected component (single linkage). Its centroid is the medoid: the session
     whose delta costs (inserted tokens + runs, summed over the others) are smallest, ties to
-    the first name. All pairs are aligned, O(n^2) difflib runs: meant for archives of tens of
-    sessions, or for the sessions of one exact-prefix bucket. Singletons come back as clusters
-    without members.
+    the first name. Only `candidate_pairs` are aligned (O(n * 32) difflib runs); a cluster of
+    more than 8 sessions tries its first 8 names as centroids (O(8 * size) more). Singletons
+    come back as clusters without members.
     """
     if not 0 <= max_edit_fraction < 1:
         raise SeqkvError(f"max_edit_fraction must be in [0, 1), got {max_edit_fraction}")
@@ -346,19 +386,30 @@ def cluster(
         return n
 
     cost: dict[tuple[str, str], int] = {}
-    for k, a in enumerate(names):
-        for b in names[k + 1 :]:
-            raw = _opcodes(ids[a], ids[b])
-            if _near_prefix(raw, max_edit_fraction)[0] >= min_prefix:
-                parent[root(b)] = root(a)
-            folded = _fold(raw, max(1, min_copy))
-            cost[a, b], cost[b, a] = _delta_cost(folded, True), _delta_cost(folded, False)
+
+    def align_pair(a: str, b: str) -> list[tuple]:
+        raw = _opcodes(ids[a], ids[b])
+        folded = _fold(raw, max(1, min_copy))
+        cost[a, b], cost[b, a] = _delta_cost(folded, True), _delta_cost(folded, False)
+        return raw
+
+    for a, b in candidate_pairs(ids):
+        if _near_prefix(align_pair(a, b), max_edit_fraction)[0] >= min_prefix:
+            parent[root(b)] = root(a)
     groups: dict[str, list[str]] = {}
     for n in names:
         groups.setdefault(root(n), []).append(n)
+
+    def total_cost(c: str, group: list[str]) -> int:
+        for m in group:
+            if m != c and (c, m) not in cost:
+                align_pair(*sorted((c, m)))
+        return sum(cost[c, m] for m in group if m != c)
+
     out = []
     for group in groups.values():
-        medoid = min(group, key=lambda c: sum(cost[c, m] for m in group if m != c))
+        trials = group if len(group) <= MAX_MEDOID_TRIALS else group[:MAX_MEDOID_TRIALS]
+        medoid = min(trials, key=lambda c: total_cost(c, group))
         out.append(Cluster(medoid, tuple(m for m in group if m != medoid)))
     return sorted(out)
 

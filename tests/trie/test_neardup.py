@@ -253,3 +253,28 @@ def test_sample_chats_form_one_cluster_with_near_prefix_712(embedded_lm):
         assert common_prefix_len(ids[only.centroid], ids[near]) in (5, 6)
         end, edited = near_prefix(ids[only.centroid], ids[near])
         assert end == 712 and edited in (1, 2)
+
+
+def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(monkeypatch):
+    """Issue 13: --near-dup aligned all n^2 pairs; now O(n * MAX_CANDIDATES) alignments."""
+    from seqkv_cli.trie import neardup
+
+    rng = np.random.default_rng(5)
+    sessions = {f"s{i:03d}": rng.integers(0, 5000, 120) for i in range(300)}
+    prompt = rng.integers(0, 5000, 200)
+    for k in range(3):  # three near-duplicates: one token edited early in a shared prompt
+        edited = prompt.copy()
+        edited[10 + k] = 5001 + k
+        sessions[f"near{k}"] = edited
+    calls = []
+    real = neardup._opcodes
+    monkeypatch.setattr(neardup, "_opcodes", lambda a, b: calls.append(1) or real(a, b))
+    clusters = neardup.cluster(sessions)
+    assert len(calls) <= len(sessions) * neardup.MAX_CANDIDATES
+    assert len(calls) < 1000  # random sessions share no shingle: almost nothing is aligned
+    grouped = [c for c in clusters if c.members]
+    assert len(grouped) == 1 and sorted([grouped[0].centroid, *grouped[0].members]) == [
+        "near0",
+        "near1",
+        "near2",
+    ]
