@@ -247,3 +247,16 @@ def test_embedded_model_kv_is_within_bf16_precision_of_transformers(embedded_lm)
         for got, ref in ((k, ref_k), (v, ref_v)):
             rel = (got - ref).abs().max() / ref.abs().max()
             assert rel < 2.0**-9, f"layer {layer}: {float(rel):.2e}"  # below bf16's rounding
+
+
+def test_an_unknown_numerics_option_is_one_line(tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from seqkv_cli.cli import app
+
+    (tmp_path / "t.txt").write_text("hello")
+    args = ["capture", str(tmp_path / "t.txt"), "-o", str(tmp_path / "c.safetensors")]
+    result = CliRunner().invoke(app, [*args, "-m", str(tiny_model_dir), "--numerics", "fast"])
+    assert result.exit_code == 2
+    assert "unknown numeric path 'fast'; choose portable" in result.output
+    assert not (tmp_path / "c.safetensors").exists()

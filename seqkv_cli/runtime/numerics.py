@@ -36,7 +36,12 @@ def resolve(name: str | None) -> str:
     """A path id from an id or an alias ('portable', 'legacy'); None gives the default."""
     if name is None:
         return DEFAULT
-    return check_path(ALIASES.get(name, name))
+    path = ALIASES.get(name, name)
+    if path not in PATHS:
+        raise SeqkvError(
+            f"unknown numeric path {name!r}; choose portable ({PORTABLE}) or legacy ({LEGACY})"
+        )
+    return path
 
 
 def check_path(path: str) -> str:
