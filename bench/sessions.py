@@ -48,7 +48,7 @@ class SessionFactory:
     """Captures of prefix + tail (and their ideal token bits), from one prefix pass."""
 
     def __init__(self, run: Run, prefix: list[int], tail_len: int) -> None:
-        from seqkv_cli.kvcapture.engine import CHUNK, canonical_model, surprisal_bits
+        from seqkv_cli.kvcapture.engine import CHUNK, canonical_model
 
         self.lm, self.canon, self.tail_len = run.lm, canonical_model(run.lm), tail_len
         self.prefix = torch.tensor(prefix, dtype=torch.long)
@@ -58,7 +58,7 @@ class SessionFactory:
             for s in range(0, len(prefix), CHUNK)
         ]
         self.logits = torch.cat(chunks)
-        self.surprisal = surprisal_bits(self.logits[:-1], self.prefix[1:])
+        self.surprisal = self.canon.surprisal(self.logits[:-1], self.prefix[1:])
         first = np.zeros(self.canon.vocab_size, dtype=np.float32)  # the first token: uniform
         self.prefix_bits = _ideal_bits(first[None], prefix[:1])
         self.prefix_bits += _ideal_bits(self.logits[:-1].numpy(), prefix[1:])
@@ -66,21 +66,17 @@ class SessionFactory:
     def make(self, session_id: str, tail: list[int]) -> tuple[object, float]:
         """A canonical bf16 capture of prefix + tail, and its ideal `seq` token bits alone."""
         from seqkv_cli.kvcapture.capture_file import Capture
-        from seqkv_cli.kvcapture.engine import provenance, surprisal_bits
-        from seqkv_cli.runtime.canonical import NUMERIC_PATH
+        from seqkv_cli.kvcapture.engine import provenance
 
         p, ids = len(self.prefix), torch.tensor(tail, dtype=torch.long)
-        state = self.canon.new_state(p + len(ids))
-        state.keys[:, :, :p] = self.state.keys[:, :, :p]
-        state.values[:, :, :p] = self.state.values[:, :, :p]
-        state.length = p
+        state = self.state.fork(self.canon, p, p + len(ids))  # quantized rows come along
         logits = self.canon.forward(state, ids)
         rows = torch.cat([self.logits[-1:], logits[:-1]])
-        surprisal = torch.cat([self.surprisal, surprisal_bits(rows, ids)])
+        surprisal = torch.cat([self.surprisal, self.canon.surprisal(rows, ids)])
         n = p + len(ids)
         keys = [state.layer_kv(i)[0].to(torch.bfloat16) for i in range(self.canon.num_layers)]
         values = [state.layer_kv(i)[1].to(torch.bfloat16) for i in range(self.canon.num_layers)]
-        meta = provenance(self.lm, dtype="bf16", numeric_path=NUMERIC_PATH, positions=n)
+        meta = provenance(self.lm, dtype="bf16", numeric_path=self.canon.numeric_path, positions=n)
         meta.update({"session_id": session_id, "source": "bench shared-prefix session"})
         tokens = torch.cat([self.prefix, ids])
         cap = Capture(tokens, keys, values, surprisal, meta)
