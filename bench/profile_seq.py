@@ -24,7 +24,7 @@ CATEGORIES = (
     ("encoder: interval lookup", "sequential/node_stream.py", "intervals"),  # trie layout
     ("range coder", "sequential/rangecoder.py", "encode"),
     ("range coder", "sequential/rangecoder.py", "finish"),
-    ("range coder", "sequential/token_coder.py", "_decode_one"),  # CDF + search + advance
+    ("range coder", "sequential/token_coder.py", "decode_one_token"),  # CDF + search + advance
     ("range coder", "sequential/rangecoder.py", "decode_symbol"),
     ("K/V to bf16 + residual compare", "sequential/adapter.py", "kv"),
     ("K/V to bf16 + residual compare", "trie/runs.py", "session_kv"),

@@ -191,11 +191,11 @@ def _encode_tail(rows, tokens: np.ndarray, start: int, precision: int) -> tuple[
         intervals_from_logits,
         verify_node,
     )
-    from seqkv_codecs.sequential.token_coder import _uniform_row
+    from seqkv_codecs.sequential.token_coder import uniform_row
 
     lows, freqs, p, n = [], [], start, len(tokens)
     if p == 0:
-        lo, fr = intervals(_uniform_row(rows.adapter.vocab_size, precision)[None], tokens[:1])
+        lo, fr = intervals(uniform_row(rows.adapter.vocab_size, precision)[None], tokens[:1])
         lows.append(lo)
         freqs.append(fr)
         p = 1

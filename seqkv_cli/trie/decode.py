@@ -141,7 +141,7 @@ def _step_all(adapter: CanonicalLogits, runs: list[Run], source: NodeSource) -> 
     from seqkv_codecs.errors import CodecError
     from seqkv_codecs.sequential.node_stream import NodeDecoder
     from seqkv_codecs.sequential.probability import frequencies_from_logits
-    from seqkv_codecs.sequential.token_coder import _uniform_row
+    from seqkv_codecs.sequential.token_coder import uniform_row
 
     errors: dict[int, Exception] = {}
     precision = source.precision
@@ -160,7 +160,7 @@ def _step_all(adapter: CanonicalLogits, runs: list[Run], source: NodeSource) -> 
             errors[run.node] = SeqkvError(f"node {run.node}: {exc}")
             continue
         rows[run.node] = (
-            _uniform_row(adapter.vocab_size, precision)
+            uniform_row(adapter.vocab_size, precision)
             if run.first_row is None
             else frequencies_from_logits(run.first_row.numpy(), precision)
         )

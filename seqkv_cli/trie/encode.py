@@ -166,11 +166,11 @@ def _code_node(run: Run, adapter: CanonicalLogits, precision: int) -> tuple[byte
     """Prefill the node and range-code its tokens under the rows that prefill produces."""
     from seqkv_codecs.sequential.node_stream import encode_node, intervals, intervals_from_logits
     from seqkv_codecs.sequential.probability import frequencies_from_logits
-    from seqkv_codecs.sequential.token_coder import _uniform_row
+    from seqkv_codecs.sequential.token_coder import uniform_row
 
     tokens, n = run.tokens, run.n_tokens
     first = (
-        _uniform_row(adapter.vocab_size, precision)[None]
+        uniform_row(adapter.vocab_size, precision)[None]
         if run.first_row is None
         else frequencies_from_logits(run.first_row.numpy()[None], precision)
     )

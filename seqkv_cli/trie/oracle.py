@@ -90,10 +90,10 @@ class NodeOracle:
 
     def _freqs(self, logits: np.ndarray | None) -> np.ndarray:
         from seqkv_codecs.sequential.probability import frequencies_from_logits
-        from seqkv_codecs.sequential.token_coder import _uniform_row
+        from seqkv_codecs.sequential.token_coder import uniform_row
 
         if logits is None:
-            return _uniform_row(self.source.vocab, self.precision)
+            return uniform_row(self.source.vocab, self.precision)
         return frequencies_from_logits(logits, self.precision)
 
 

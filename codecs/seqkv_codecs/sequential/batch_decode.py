@@ -44,13 +44,13 @@ def decode_tokens_batch(
     fed, or None for streams of fewer than two tokens), so a caller can read what the model
     computed on the way (seqkv reads the K/V cache from it).
     """
-    from seqkv_codecs.sequential.token_coder import _parse, _uniform_row
+    from seqkv_codecs.sequential.token_coder import parse_token_stream, uniform_row
 
     cursors: list[_Cursor | Exception] = []
     precision = {}
     for k, data in enumerate(datas):
         try:
-            info, chunks = _parse(data)
+            info, chunks = parse_token_stream(data)
         except CorruptStreamError as exc:
             cursors.append(exc)
             continue
@@ -79,7 +79,7 @@ def decode_tokens_batch(
         precision[k] = info.precision_bits
     for k, c in enumerate(cursors):
         if isinstance(c, _Cursor) and c.live:
-            _step(c, _uniform_row(model.vocab_size, precision[k]), precision[k])
+            _step(c, uniform_row(model.vocab_size, precision[k]), precision[k])
     while True:
         live = [k for k, c in enumerate(cursors) if isinstance(c, _Cursor) and c.live]
         if not live:
@@ -109,7 +109,7 @@ def _feed(model, cursors: list[_Cursor]) -> np.ndarray:
 
 def _step(c: _Cursor, row: np.ndarray, precision: int) -> None:
     """Decode position c.pos with frequency `row`, opening and closing chunks around it."""
-    from seqkv_codecs.sequential.token_coder import _decode_one, _token_crc
+    from seqkv_codecs.sequential.token_coder import decode_one_token, token_crc
 
     if c.dec is None:
         c.chunk += 1
@@ -117,10 +117,10 @@ def _step(c: _Cursor, row: np.ndarray, precision: int) -> None:
     first, stop, _, crc = c.chunks[c.chunk]
     where = f"token chunk {c.chunk} (positions {first}..{stop - 1})"
     try:
-        c.out[c.pos] = _decode_one(c.dec, row, precision)
+        c.out[c.pos] = decode_one_token(c.dec, row, precision)
         c.pos += 1
         if c.pos == stop:
-            if _token_crc(c.out[first:stop]) != crc:
+            if token_crc(c.out[first:stop]) != crc:
                 c.error = CorruptStreamError(
                     f"{where} failed its CRC: the decoder's model or numerics differ from the "
                     "encoder's (or the stream is damaged)"

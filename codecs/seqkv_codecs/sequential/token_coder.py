@@ -67,14 +67,14 @@ class TokenStreamInfo:
 
 
 @functools.lru_cache(maxsize=8)
-def _uniform_row(vocab: int, precision_bits: int) -> np.ndarray:
+def uniform_row(vocab: int, precision_bits: int) -> np.ndarray:
     """Frequencies of the first token: the row that V zero logits give (≈ log2 V bits each)."""
     row = frequencies_from_logits(np.zeros(vocab, dtype=np.float32), precision_bits)
     row.setflags(write=False)
     return row
 
 
-def _token_crc(ids: np.ndarray) -> int:
+def token_crc(ids: np.ndarray) -> int:
     return zlib.crc32(ids.astype("<u4").tobytes())
 
 
@@ -84,7 +84,7 @@ def _intervals(ids: np.ndarray, model: LogitsModel, precision_bits: int, feed_ch
     low, freq = np.zeros(n, np.int64), np.zeros(n, np.int64)
     if n == 0:
         return low, freq
-    first = _uniform_row(vocab, precision_bits)
+    first = uniform_row(vocab, precision_bits)
     low[0], freq[0] = first[: ids[0]].sum(), first[ids[0]]
     if n == 1:
         return low, freq
@@ -126,7 +126,7 @@ def encode_tokens_with_stats(
     if not 1 <= chunk_size <= _U32 or feed_chunk < 1:
         raise CodecError(f"chunk_size must be in 1..{_U32} and feed_chunk >= 1")
     vocab = index(model.vocab_size)
-    _uniform_row(vocab, precision_bits)  # validates P against V even when there are no tokens
+    uniform_row(vocab, precision_bits)  # validates P against V even when there are no tokens
     ids = _check_tokens(tokens, vocab)
     low, freq = _intervals(ids, model, precision_bits, feed_chunk)
     entries, payloads = [], []
@@ -136,7 +136,7 @@ def encode_tokens_with_stats(
         for c, f in zip(low[span].tolist(), freq[span].tolist(), strict=True):
             enc.encode(c, f, precision_bits)
         payloads.append(enc.finish())
-        entries.append(_ENTRY.pack(len(payloads[-1]), _token_crc(ids[span])))
+        entries.append(_ENTRY.pack(len(payloads[-1]), token_crc(ids[span])))
     head = _HEAD.pack(
         MAGIC, VERSION, precision_bits, FIRST_TOKEN_UNIFORM, 0, vocab, len(ids), chunk_size
     )
@@ -167,7 +167,7 @@ def encode_tokens(
     return data
 
 
-def _parse(data: bytes) -> tuple[TokenStreamInfo, list[tuple[int, int, bytes, int]]]:
+def parse_token_stream(data: bytes) -> tuple[TokenStreamInfo, list[tuple[int, int, bytes, int]]]:
     """Header and (first, stop, payload, crc) per chunk; every inconsistency is corrupt."""
     buf = bytes(data)
     if len(buf) < _HEAD.size + _CRC.size:
@@ -209,10 +209,10 @@ def _parse(data: bytes) -> tuple[TokenStreamInfo, list[tuple[int, int, bytes, in
 
 def read_token_stream_info(data: bytes) -> TokenStreamInfo:
     """Parse and check a stream's header and chunk table without decoding any token."""
-    return _parse(data)[0]
+    return parse_token_stream(data)[0]
 
 
-def _decode_one(dec: RangeDecoder, row: np.ndarray, precision_bits: int) -> int:
+def decode_one_token(dec: RangeDecoder, row: np.ndarray, precision_bits: int) -> int:
     cdf = cumulative(row)
     symbol = int(np.searchsorted(cdf, dec.peek(precision_bits), side="right")) - 1
     dec.advance(int(cdf[symbol]), int(row[symbol]), precision_bits)
