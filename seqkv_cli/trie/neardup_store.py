@@ -16,8 +16,11 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.neardup import align, cluster, common_prefix_len, decode_edits, encode_edits
+from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.varint import decode_varint, encode_varint
 
 MIN_GAIN = 64  # aligned tokens beyond the exact prefix before a delta beats a trie branch
+HEADER_VARINT_BYTES = 6  # the part header's two varints: at most 6 bytes (42 bits) each
 
 
 def choose_members(sources) -> dict[int, int]:
@@ -41,38 +44,21 @@ def choose_members(sources) -> dict[int, int]:
     return chosen
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_member(centroid_index: int, centroid, member, adapter, precision: int) -> bytes:
     """The ``edits`` part: varint centroid session index, varint member length, edit stream."""
     edits = align(centroid, member)
     stream = encode_edits(edits, centroid=centroid, model=adapter, precision_bits=precision)
-    return _varint(centroid_index) + _varint(len(member)) + stream
+    return encode_varint(centroid_index) + encode_varint(len(member)) + stream
 
 
 def read_header(data: bytes) -> tuple[int, int, bytes]:
     """(centroid session index, member length, edit stream) of an ``edits`` part."""
-    values, pos = [], 0
-    for _ in range(2):
-        value, shift = 0, 0
-        while True:
-            if pos >= len(data) or shift > 35:
-                raise SeqkvError("a near-duplicate session's edits part is damaged")
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        values.append(value)
-    return values[0], values[1], data[pos:]
+    try:
+        centroid, pos = decode_varint(data, 0, max_bytes=HEADER_VARINT_BYTES)
+        length, pos = decode_varint(data, pos, max_bytes=HEADER_VARINT_BYTES)
+    except CorruptStreamError:
+        raise SeqkvError("a near-duplicate session's edits part is damaged") from None
+    return centroid, length, data[pos:]
 
 
 def restore_member(entry: dict, read, centroid_tokens: np.ndarray, canon, finish):

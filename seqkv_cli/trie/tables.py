@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from seqkv_cli.container.format import MAX_INDEX_BYTES
 from seqkv_cli.errors import SeqkvError
+from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.varint import decode_varint, encode_varint, zigzag_decode, zigzag_encode
 
 MAGIC = b"SKTI"
 VERSION = 1
@@ -75,14 +77,7 @@ class SegmentTables:
 def _varint(value: int, out: bytearray) -> None:
     if value < 0:
         raise SeqkvError(f"internal: negative varint {value}")
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _zigzag(value: int) -> int:
-    return value * 2 if value >= 0 else -value * 2 - 1
+    out += encode_varint(value)
 
 
 class _Reader:
@@ -93,16 +88,11 @@ class _Reader:
         return SeqkvError(f"{self.where}: trie table is damaged ({what})")
 
     def varint(self) -> int:
-        value, shift = 0, 0
-        while True:
-            if self.pos >= len(self.data) or shift > 63:
-                raise self.fail("a number runs past the end")
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value
-            shift += 7
+        try:
+            value, self.pos = decode_varint(self.data, self.pos)
+        except CorruptStreamError:
+            raise self.fail("a number runs past the end") from None
+        return value
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
@@ -132,7 +122,7 @@ def encode_tables(tables: SegmentTables, first_node: int) -> bytes:
     node_tokens = {first_node + k: n.n_tokens for k, n in enumerate(tables.nodes)}
     for rec in tables.sessions:
         full = node_tokens.get(rec.end_node) == rec.end
-        _varint(_zigzag(rec.end_node - previous) * 2 + (0 if full else 1), out)
+        _varint(zigzag_encode(rec.end_node - previous) * 2 + (0 if full else 1), out)
         if not full:
             _varint(rec.end, out)
         out += rec.log2_ppl_milli.to_bytes(2, "little")
@@ -178,8 +168,7 @@ def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
     sessions, previous = [], first_node - 1
     for _ in range(n_sessions):
         code = r.varint()
-        delta = code >> 1
-        end_node = previous + (delta // 2 if delta % 2 == 0 else -(delta + 1) // 2)
+        end_node = previous + zigzag_decode(code >> 1)
         if not 0 <= end_node < total_nodes:
             raise r.fail(f"a session ends in node {end_node}, which does not exist")
         end = r.varint() if code & 1 else None

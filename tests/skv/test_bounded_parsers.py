@@ -20,6 +20,7 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie import tables
 from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord, decode_tables, encode_tables
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.varint import encode_varint
 
 
 def _tables() -> SegmentTables:
@@ -36,7 +37,7 @@ def _with_names(blob: bytes) -> bytes:
     """The table of `_tables()` with its zlib'd names replaced by `blob`."""
     good = encode_tables(_tables(), 0)
     out = bytearray(good[: len(good) - len(_packed()) - 1])  # less the 1-byte varint length
-    tables._varint(len(blob), out)
+    out += encode_varint(len(blob))
     return bytes(out + blob)
 
 
