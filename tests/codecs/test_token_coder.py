@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.sequential import code_length_bits, frequencies_from_logits
+from seqkv_codecs.sequential.batch_decode import decode_tokens
 from seqkv_codecs.sequential.logits_model import LogitsModel
 from seqkv_codecs.sequential.token_coder import (
-    decode_tokens,
     encode_tokens,
     encode_tokens_with_stats,
     read_token_stream_info,

@@ -1,5 +1,6 @@
 """Sequential token coding: model logits -> integer frequencies -> range coder."""
 
+from seqkv_codecs.sequential.batch_decode import decode_tokens
 from seqkv_codecs.sequential.logits_model import LogitsModel
 from seqkv_codecs.sequential.probability import (
     MAX_PRECISION_BITS,
@@ -19,7 +20,6 @@ from seqkv_codecs.sequential.rangecoder import (
 from seqkv_codecs.sequential.token_coder import (
     TokenStats,
     TokenStreamInfo,
-    decode_tokens,
     encode_tokens,
     encode_tokens_with_stats,
     read_token_stream_info,

@@ -3,7 +3,8 @@
 A decoder must feed token i before it can decode token i + 1, so one session costs one model
 step per token. Independent sessions do not wait for each other: stepping them as rows of one
 pass (``feed_rows``) amortises the weight reads that dominate a step. A model without
-``feed_rows`` is fed session by session, which gives the same tokens.
+``feed_rows`` is fed session by session, which gives the same tokens. `decode_tokens` is the
+one-stream case. The stream format itself (parsing, CRCs, one symbol) is token_coder.py's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.sequential.logits_model import LogitsModel, feed_checked
 from seqkv_codecs.sequential.probability import frequencies_from_logits
 from seqkv_codecs.sequential.rangecoder import RangeDecoder
+from seqkv_codecs.sequential.token_coder import (
+    decode_one_token,
+    parse_token_stream,
+    token_crc,
+    uniform_row,
+)
 
 
 @dataclass
@@ -35,6 +42,14 @@ class _Cursor:
         return self.error is None and self.pos < len(self.out)
 
 
+def decode_tokens(data: bytes, model: LogitsModel) -> np.ndarray:
+    """Decode a stream from `encode_tokens` with the same model; int64 ids (N,)."""
+    [result] = decode_tokens_batch([data], model)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def decode_tokens_batch(
     datas: list[bytes], model: LogitsModel, *, with_states: bool = False
 ) -> list:
@@ -44,8 +59,6 @@ def decode_tokens_batch(
     fed, or None for streams of fewer than two tokens), so a caller can read what the model
     computed on the way (seqkv reads the K/V cache from it).
     """
-    from seqkv_codecs.sequential.token_coder import parse_token_stream, uniform_row
-
     cursors: list[_Cursor | Exception] = []
     precision = {}
     for k, data in enumerate(datas):
@@ -109,8 +122,6 @@ def _feed(model, cursors: list[_Cursor]) -> np.ndarray:
 
 def _step(c: _Cursor, row: np.ndarray, precision: int) -> None:
     """Decode position c.pos with frequency `row`, opening and closing chunks around it."""
-    from seqkv_codecs.sequential.token_coder import decode_one_token, token_crc
-
     if c.dec is None:
         c.chunk += 1
         c.dec = RangeDecoder(c.chunks[c.chunk][2])

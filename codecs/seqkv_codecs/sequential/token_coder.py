@@ -6,6 +6,10 @@ Both sides must therefore see bit-identical logits (docs/NUMERICS.md). Positions
 chunks, each its own range-coder stream with a CRC32 of its token ids, so a decoder whose
 model or numerics differ stops at the first bad chunk and says which one, instead of
 returning wrong tokens. Byte-level spec: docs/TOKEN_STREAM.md.
+
+This module writes and parses the stream and decodes one symbol; the decoder that steps the
+model (`decode_tokens`, `decode_tokens_batch`) lives in batch_decode.py, which imports this
+module and never the other way round.
 """
 
 from __future__ import annotations
@@ -217,13 +221,3 @@ def decode_one_token(dec: RangeDecoder, row: np.ndarray, precision_bits: int) ->
     symbol = int(np.searchsorted(cdf, dec.peek(precision_bits), side="right")) - 1
     dec.advance(int(cdf[symbol]), int(row[symbol]), precision_bits)
     return symbol
-
-
-def decode_tokens(data: bytes, model: LogitsModel) -> np.ndarray:
-    """Decode a stream from :func:`encode_tokens` with the same model; int64 ids (N,)."""
-    from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
-
-    [result] = decode_tokens_batch([data], model)
-    if isinstance(result, Exception):
-        raise result
-    return result
