@@ -11,21 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.neardup import (
+from seqkv_cli.trie.neardup_align import (
     COPY,
     DELETE,
     INSERT,
-    Cluster,
     Edit,
     align,
     apply_edits,
-    cluster,
     common_prefix_len,
-    decode_edits,
-    encode_edits,
-    near_prefix,
-    plt_distance,
 )
+from seqkv_cli.trie.neardup_cluster import Cluster, cluster, near_prefix, plt_distance
+from seqkv_cli.trie.neardup_edits import decode_edits, encode_edits
 
 VOCAB = 50
 
@@ -257,7 +253,7 @@ def test_sample_chats_form_one_cluster_with_near_prefix_712(embedded_lm):
 
 def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(monkeypatch):
     """Issue 13: --near-dup aligned all n^2 pairs; now O(n * MAX_CANDIDATES) alignments."""
-    from seqkv_cli.trie import neardup
+    from seqkv_cli.trie import neardup_cluster
 
     rng = np.random.default_rng(5)
     sessions = {f"s{i:03d}": rng.integers(0, 5000, 120) for i in range(300)}
@@ -267,10 +263,10 @@ def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(
         edited[10 + k] = 5001 + k
         sessions[f"near{k}"] = edited
     calls = []
-    real = neardup._opcodes
-    monkeypatch.setattr(neardup, "_opcodes", lambda a, b: calls.append(1) or real(a, b))
-    clusters = neardup.cluster(sessions)
-    assert len(calls) <= len(sessions) * neardup.MAX_CANDIDATES
+    real = neardup_cluster.opcodes
+    monkeypatch.setattr(neardup_cluster, "opcodes", lambda a, b: calls.append(1) or real(a, b))
+    clusters = neardup_cluster.cluster(sessions)
+    assert len(calls) <= len(sessions) * neardup_cluster.MAX_CANDIDATES
     assert len(calls) < 1000  # random sessions share no shingle: almost nothing is aligned
     grouped = [c for c in clusters if c.members]
     assert len(grouped) == 1 and sorted([grouped[0].centroid, *grouped[0].members]) == [
@@ -278,3 +274,50 @@ def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(
         "near1",
         "near2",
     ]
+
+
+def test_stream_bytes_match_the_spec():
+    """docs/NEARDUP.md, "Example": a hand-checked stream, byte for byte."""
+    centroid = np.array([5, 6, 7, 8], np.int64)
+    member = np.array([5, 6, 300, 8], np.int64)
+    edits = align(centroid, member, min_copy=1)
+    assert edits == [Edit(COPY, 2), Edit(DELETE, 1), Edit(INSERT, 1, (300,)), Edit(COPY, 1)]
+    body = bytes.fromhex("534b4e44 01 00 00 04 04 04 08 05 06 ac02 04")
+    assert encode_edits(edits) == _resealed(body)
+    crc = struct.pack("<I", zlib.crc32(member.astype("<u4").tobytes()))
+    with_crc = bytes.fromhex("534b4e44 01 02 00 04 04 04 08 05 06 ac02 04") + crc
+    assert encode_edits(edits, centroid=centroid) == _resealed(with_crc)
+    assert np.array_equal(decode_edits(_resealed(with_crc), centroid), member)
+
+
+def test_limits_of_the_stated_lengths():
+    head = b"SKND\x01\x00\x00"
+    with pytest.raises(SeqkvError, match=f"centroid length {(1 << 24) + 1} exceeds {1 << 24}"):
+        decode_edits(_resealed(head + bytes.fromhex("8180 8008 00 00")), np.arange(3))
+    with pytest.raises(SeqkvError, match="token id 4294967296 exceeds 4294967295"):
+        decode_edits(_resealed(head + bytes.fromhex("00 01 01 06 8080808010")), np.arange(0))
+    with pytest.raises(SeqkvError, match="op runs past the stream"):
+        decode_edits(_resealed(head + bytes.fromhex("00 00 01") + b"\x80" * 10 + b"\0"), [])
+
+
+def test_edits_part_header():
+    from seqkv_cli.trie.neardup_store import read_header
+
+    assert read_header(b"\x03\xac\x02rest") == (3, 300, b"rest")
+    assert read_header(b"\x80" * 5 + b"\x01\x00") == (1 << 35, 0, b"")  # 6 bytes: accepted
+    for bad in (b"", b"\x03", b"\x03\x80", b"\x80" * 6 + b"\x01\x00"):
+        with pytest.raises(SeqkvError, match="edits part is damaged"):
+            read_header(bad)
+
+
+def test_near_dup_modules_import_no_private_names():
+    import ast
+    from pathlib import Path
+
+    from seqkv_cli import trie
+
+    for path in Path(trie.__file__).parent.glob("neardup*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private or node.module == "__future__", (path.name, private)
