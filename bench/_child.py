@@ -43,7 +43,7 @@ def main(argv: list[str]) -> None:
         codec, out, captures = args[1], Path(args[2]), [Path(p) for p in args[3:]]
         compress_captures(captures, out, codec=codec, model=lm, check=False)
     elif op == "decompress":
-        from seqkv_cli.skv.restore import decompress
+        from seqkv_cli.skv.decompress import decompress
 
         decompress(Path(args[1]), Path(args[2]), model=lm)
     elif op not in ("import", "model"):

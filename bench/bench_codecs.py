@@ -33,7 +33,7 @@ CODECS = ("raw", "lossless", "int8", "kivi4", "kivi2", "turbo4", "turbo3")
 
 def load_blocks(paths: list[Path]):
     from seqkv_cli import load_capture
-    from seqkv_cli.skv.blocks import to_block
+    from seqkv_cli.kvcapture.blocks import to_block
 
     blocks, positions = [], 0
     for path in paths:

@@ -44,9 +44,9 @@ def errors(cap, restored) -> tuple[float, float]:
 
 
 def run_session_codec(config: dict, cap, canon) -> dict:
-    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
+    from seqkv_cli.sequential.registry import session_codec_class
 
-    codec = SESSION_CODECS[config["id"]].from_config(config)
+    codec = session_codec_class(config["id"]).from_config(config)
     start = time.perf_counter()
     enc = codec.encode(cap, canon)
     t_enc = time.perf_counter() - start
@@ -86,8 +86,8 @@ def run_no_predictor(cap, max_bits: int, vocab: int) -> dict:
 
 
 def run_pervector(cap, codec_id: str) -> dict:
+    from seqkv_cli.kvcapture.blocks import to_block, to_tensor
     from seqkv_cli.kvcapture.capture_file import Capture
-    from seqkv_cli.skv.blocks import to_block, to_tensor
     from seqkv_codecs.registry import get_codec
 
     codec, size, t_enc, t_dec, out = get_codec(codec_id), 0, 0.0, 0.0, {}

@@ -28,8 +28,8 @@ CATEGORIES = (
     ("range coder", "sequential/rangecoder.py", "decode_symbol"),
     ("K/V to bf16 + residual compare", "sequential/adapter.py", "kv"),
     ("K/V to bf16 + residual compare", "trie/runs.py", "session_kv"),
-    ("K/V to bf16 + residual compare", "sequential/session_codecs.py", "_bits"),
-    ("K/V to bf16 + residual compare", "sequential/session_codecs.py", "_residual"),
+    ("K/V to bf16 + residual compare", "sequential/session_codec.py", "kv_bits"),
+    ("K/V to bf16 + residual compare", "sequential/session_codec.py", "add_residual"),
     ("round-trip comparison", "skv/compress.py", "same_capture"),
     ("capture file load", "kvcapture/capture_file.py", "load_capture"),
 )

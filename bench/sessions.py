@@ -85,7 +85,7 @@ class SessionFactory:
 
 def _ideal_bits(logits: np.ndarray, tokens: list[int]) -> float:
     """What the token coder spends on `tokens` under these logits rows (24-bit tables)."""
-    from seqkv_cli.sequential.session_codecs import SeqCodec
+    from seqkv_cli.sequential.seq import SeqCodec
     from seqkv_codecs.sequential import code_length_bits, frequencies_from_logits
 
     freqs = frequencies_from_logits(logits, SeqCodec().precision_bits)

@@ -298,7 +298,7 @@ def test_two_compresses_to_one_output_do_not_publish_each_others_file(tmp_path, 
 
 
 def test_staging_files_of_dead_writers_are_removed(tmp_path):
-    from seqkv_cli.trie.write import _host_tag
+    from seqkv_cli.fsutil import host_tag as _host_tag
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -370,7 +370,7 @@ def test_append_without_flock_refuses_clearly(tmp_path, monkeypatch):
 
 
 def test_add_after_a_torn_tail_reports_the_bytes_it_added(tmp_path):
-    from seqkv_cli.trie.append import add_captures
+    from seqkv_cli.archive.append import add_captures
 
     a, b = write(tmp_path, "a", "a"), write(tmp_path, "b", "b", n=30, tokens=list(range(30)))
     skv = tmp_path / "x.skv"

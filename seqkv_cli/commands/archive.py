@@ -37,7 +37,7 @@ def add_command(
     model: ModelOption = None,
 ) -> None:
     """Append sessions; only tokens no earlier session has at the same prefix are coded."""
-    from seqkv_cli.trie.append import add_captures
+    from seqkv_cli.archive.append import add_captures
 
     res = add_captures(archive, list(captures), model=model, on_wait=_waiting)
     console.print(
@@ -50,7 +50,7 @@ def add_command(
 @handle_errors
 def list_command(archive: ArchiveArg) -> None:
     """Sessions: id, tokens, bytes of their own, and how much prefix they share."""
-    from seqkv_cli.trie.summary import session_rows
+    from seqkv_cli.archive.summary import session_rows
 
     rows, note = session_rows(archive)
     table = Table(title=f"{shown(archive)}: {len(rows)} session(s)")
@@ -106,7 +106,7 @@ def compact_command(
     ] = False,
 ) -> None:
     """Rewrite the archive as one trie (folds appended segments; converts flat files)."""
-    from seqkv_cli.trie.compact import compact
+    from seqkv_cli.archive.compact import compact
 
     before = archive.stat().st_size if archive.is_file() else 0
     res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup)
@@ -126,9 +126,9 @@ def resume_command(
     model: ModelOption = None,
 ) -> None:
     """Restore a session into a transformers cache and continue it greedily."""
+    from seqkv_cli.archive.resume import continue_from
     from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.skv.restore import Archive
-    from seqkv_cli.trie.resume import continue_from
 
     lm = load_model(model)
     with Archive(archive, model=lm) as arc:

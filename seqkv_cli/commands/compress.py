@@ -12,8 +12,6 @@ from seqkv_cli.commands._common import console, handle_errors, human_bytes, show
 from seqkv_cli.commands.capture import ModelOption, NumericsOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
-RECOMPUTING = ("seq", "seq-fast")  # the codecs that take --residual / --tolerance
-
 
 @handle_errors
 def compress_command(
@@ -58,18 +56,25 @@ def compress_command(
     """Compress captures into one self-describing .skv container."""
     from seqkv_cli.fsutil import refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
-    from seqkv_cli.skv.compress import compress_captures, resolve_codec
+    from seqkv_cli.sequential.registry import (
+        codec_capabilities,
+        resolve_codec,
+        session_codec_classes,
+    )
+    from seqkv_cli.skv.compress import compress_captures
 
     if tolerance is not None and tolerance <= 0:
         raise SeqkvError(f"--tolerance must be > 0, got {tolerance}")
-    if codec in RECOMPUTING:
+    caps = codec_capabilities(codec)
+    if caps is not None and caps.takes_residual:
         from seqkv_cli.runtime.numerics import resolve
 
         spec = {"id": codec, "residual": residual, "numerics": resolve(numerics)}
         if tolerance is not None:
             spec["tolerance"] = tolerance
     elif tolerance is not None:
-        raise SeqkvError(f"--tolerance applies to {', '.join(RECOMPUTING)}, not {codec}")
+        takers = [c.codec_id for c in session_codec_classes() if c.takes_residual]
+        raise SeqkvError(f"--tolerance applies to {', '.join(takers)}, not {codec}")
     else:
         spec = codec
     resolve_codec(spec)  # refuse an unknown id before reading any capture

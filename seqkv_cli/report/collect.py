@@ -46,10 +46,9 @@ class Report:
 
 def check_codecs(names: list[str]) -> list[str]:
     """Known codec ids, deduplicated in order; an unknown one lists the valid ids."""
-    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
-    from seqkv_codecs.registry import available_codecs
+    from seqkv_cli.sequential.registry import codec_ids
 
-    valid = {*SESSION_CODECS, *(c.codec_id for c in available_codecs()), *QUANTO_CODECS}
+    valid = {*codec_ids(), *QUANTO_CODECS}
     for name in names:
         if name not in valid:
             raise SeqkvError(f"unknown codec id {name!r}; available: {', '.join(sorted(valid))}")
@@ -102,11 +101,11 @@ class _Collector:
         return rows
 
     def computed_rows(self, group, codec, role, caps, tmp: Path, explicit: bool) -> list[Row]:
-        from seqkv_cli.sequential.session_codecs import SESSION_CODECS
+        from seqkv_cli.sequential.registry import session_codec_class
         from seqkv_cli.skv.compress import compress_captures
 
         lm = None
-        if codec in SESSION_CODECS:
+        if session_codec_class(codec) is not None:
             lm = self.models.for_group(group, f"compute {codec}", required=explicit)
             if lm is None:
                 return []
@@ -148,7 +147,7 @@ class _Collector:
 
     def _trie(self, arc, path: Path, source: str) -> None:
         """The trie's shape and what sharing saved (DESIGN.md §2: coverage, PLT bits)."""
-        from seqkv_cli.trie.summary import trie_shape
+        from seqkv_cli.trie.costs import trie_shape
 
         shape = trie_shape(arc)
         positions = max(sum(e["positions"] for e in arc.sessions), 1)

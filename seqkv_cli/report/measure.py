@@ -66,6 +66,15 @@ def attach_windows(
     row: Row, surprisal: np.ndarray | None, size: int, first_token_bits: float | None
 ) -> None:
     """The row's per-position cost curve and its windows (see `windows`)."""
+    from seqkv_cli.sequential.registry import codec_capabilities
+
+    caps = codec_capabilities(row.codec)
     row.surprisal = surprisal
-    row.curve = cost_curve(row.codec, row.positions, row.breakdown, surprisal, first_token_bits)
+    row.curve = cost_curve(
+        caps is not None and caps.steps_model,
+        row.positions,
+        row.breakdown,
+        surprisal,
+        first_token_bits,
+    )
     row.windows = windows(row.curve, surprisal, size)

@@ -2,10 +2,11 @@
 
 Containers do not record bits per position, so the curve is modelled from what they do record:
 
-* codecs that range-code token ids under the model (`seq`, `delta-topk`) spend -log2 P(t_i |
-  t_<i) on token i, so their token bits — their own (`tokens`) and their share of prefixes
-  stored once for several sessions (`trie`) — follow the capture's surprisal (the first token
-  costs what the coder's ideal count says beyond the rest, about log2 V);
+* codecs that range-code token ids under the model (`steps_model`: `seq`, `delta-topk`)
+  spend -log2 P(t_i | t_<i) on token i, so their token bits — their own (`tokens`) and
+  their share of prefixes stored once for several sessions (`trie`) — follow the capture's
+  surprisal (the first token costs what the coder's ideal count says beyond the rest, about
+  log2 V);
 * every other part — and every part of the other codecs (per-vector codecs, `seq-fast`'s
   unigram table) — costs the same at every position and is spread evenly.
 
@@ -16,11 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-MODEL_CODED = ("seq", "delta-topk")  # codecs whose token stream costs each token's surprisal
-
 
 def cost_curve(
-    codec: str,
+    model_coded: bool,
     positions: int,
     breakdown: dict[str, float],
     surprisal: np.ndarray | None,
@@ -30,7 +29,7 @@ def cost_curve(
     total = float(sum(breakdown.values()))
     n = max(positions, 1)
     token_bits = float(breakdown.get("tokens", 0.0)) + float(breakdown.get("trie", 0.0))
-    if codec not in MODEL_CODED or surprisal is None or len(surprisal) != positions - 1:
+    if not model_coded or surprisal is None or len(surprisal) != positions - 1:
         return np.full(n, total / n)
     first = first_token_bits if first_token_bits is not None else float(np.mean(surprisal))
     shape = np.concatenate([[max(first, 0.0)], np.asarray(surprisal, dtype=np.float64)])

@@ -13,12 +13,16 @@ class Track:
     bit-identical logits, so a restored capture carries identical values.
     """
 
-    def __init__(self, state, surprisal_fn) -> None:
+    def __init__(self, state, surprisal_fn, fed: int = 0, surprisal=None, prev_row=None) -> None:
+        """A track over `state`; a fork passes what its state already holds: `fed`
+        positions, the `surprisal` of tokens 1..fed-1 and the logits after the last one."""
         self.state = state
         self._surprisal_fn = surprisal_fn  # the canonical path's own (bit-identical) function
-        self.fed = 0
-        self._prev: torch.Tensor | None = None
-        self._surprisal: list[torch.Tensor] = []
+        self.fed = fed
+        self._prev: torch.Tensor | None = prev_row
+        self._surprisal: list[torch.Tensor] = (
+            [surprisal] if surprisal is not None and len(surprisal) else []
+        )
 
     def record(self, ids: torch.Tensor, logits: torch.Tensor) -> None:
         if self._prev is None:

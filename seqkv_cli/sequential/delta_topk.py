@@ -29,7 +29,7 @@ import torch
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
 from seqkv_cli.runtime.numerics import LEGACY
-from seqkv_cli.sequential.session_codecs import EncodedSession, SessionCodec
+from seqkv_cli.sequential.session_codec import EncodedSession, SessionCodec
 
 VARIANTS = ("topk", "linear")
 PREFILL_CHUNK = 256  # as `capture`: the same logits, so the same surprisal bits
@@ -102,6 +102,9 @@ class DeltaTopKCodec(SessionCodec):
     )
     lossless = False
     typical_bits_per_component = None
+    steps_model = True  # its token ids are coded as seq's are
+    trie_capable = False  # its residual is predicted per session: flat layout only
+    takes_residual = False
 
     def __init__(
         self,

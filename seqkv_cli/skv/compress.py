@@ -4,55 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from seqkv_cli.container.layout import kv_part, section_name, session_entry
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.blocks import to_block
-from seqkv_cli.skv.layout import kv_part, section_name, session_entry
+from seqkv_cli.kvcapture.blocks import to_block
+from seqkv_cli.sequential.registry import capabilities, resolve_codec
+from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
+from seqkv_cli.skv.result import CompressResult
 
 LAYOUTS = ("trie", "flat")
-
-
-def supports_trie(coder) -> bool:
-    """Codecs whose sessions the trie can share prefixes of: all but delta-topk, whose
-    residual is predicted per session (it keeps the flat layout)."""
-    return coder.codec_id != "delta-topk"
-
-
-@dataclass
-class CompressResult:
-    path: Path
-    sessions: int = 0
-    positions: int = 0
-    input_kv_bytes: int = 0
-    file_bytes: int = 0
-    part_bytes: dict[str, int] = field(default_factory=dict)
-
-
-def resolve_codec(spec: str | dict):
-    """A codec instance from an id or config; unknown ids list the valid ones.
-
-    Session codecs (`seq`, `seq-fast`) need the model and live in seqkv_cli; per-vector
-    codecs come from the codec library's registry.
-    """
-    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
-    from seqkv_codecs.errors import CodecError, UnknownCodecError
-    from seqkv_codecs.registry import available_codecs, get_codec
-
-    codec_id = spec if isinstance(spec, str) else spec.get("id")
-    if codec_id in SESSION_CODECS:
-        cls = SESSION_CODECS[codec_id]
-        return cls() if isinstance(spec, str) else cls.from_config(spec)
-    try:
-        return get_codec(spec)
-    except (CodecError, ValueError) as exc:
-        if not isinstance(exc, UnknownCodecError):
-            raise SeqkvError(f"bad codec config {spec}: {exc}") from None
-        ids = sorted([*SESSION_CODECS, *(c.codec_id for c in available_codecs())])
-        raise SeqkvError(f"unknown codec id {codec_id!r}; available: {', '.join(ids)}") from None
 
 
 def compress_captures(
@@ -75,28 +38,28 @@ def compress_captures(
     """
     from seqkv_cli.container import ContainerWriter
     from seqkv_cli.kvcapture.capture_file import load_capture
-    from seqkv_cli.sequential.session_codecs import SessionCodec
 
     if not paths:
         raise SeqkvError("no captures to compress")
     if layout not in LAYOUTS:
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     coder = resolve_codec(codec)
-    if layout == "trie" and supports_trie(coder):
+    caps = capabilities(coder)
+    if layout == "trie" and caps.trie_capable:
         from seqkv_cli.skv.compress_trie import compress_trie
 
         return compress_trie(paths, Path(out), coder, check, model, on_progress, near_dup)
     if near_dup:
         raise SeqkvError("--near-dup needs the trie layout and a seq or seq-fast codec")
     canon, header_model = None, None
-    if isinstance(coder, SessionCodec):
-        canon, header_model = _load_canonical(model, coder.numerics)
+    if caps.needs_canonical:
+        canon, header_model = load_canonical(model, coder.numerics)
     result = CompressResult(Path(out))
     sessions, seen = [], set()
     with ContainerWriter(out) as writer:
         for index, path in enumerate(paths):
             cap = load_capture(path)
-            header_model = _same_model(header_model, cap, path)
+            header_model = same_model(header_model, cap, path)
             if cap.session_id in seen:
                 raise SeqkvError(f"two captures have session id '{cap.session_id}' ({path})")
             seen.add(cap.session_id)
@@ -116,7 +79,7 @@ def compress_captures(
             "sessions": sessions,
             "meta": {
                 "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "writer": _writer_version(),
+                "writer": writer_version(),
             },
         }
         written = writer.finish(header)
@@ -154,21 +117,6 @@ def _write_session(writer, index, cap, coder, check, result, on_progress) -> lis
     return names
 
 
-def _load_canonical(model, numerics: str):
-    """The canonical forward of `model` (spec, LoadedModel or None = embedded) on the numeric
-    path `numerics`, and the model's identity."""
-    from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.runtime.loading import LoadedModel, load_model
-
-    lm = model if isinstance(model, LoadedModel) else load_model(model)
-    ident = {
-        "fingerprint": lm.fingerprint,
-        "tokenizer_fingerprint": lm.tokenizer_fingerprint,
-        "name": lm.name,
-    }
-    return canonical_model(lm, numerics), ident
-
-
 def _write_sequential(writer, index, cap, coder, canon, check, result):
     enc = coder.encode(cap, canon)
     names: list[str] = []
@@ -197,29 +145,9 @@ def same_capture(a, b) -> bool:
     return same(a, b)
 
 
-def _same_model(model: dict | None, cap, path: Path) -> dict:
-    this = {
-        "fingerprint": cap.meta.get("model_fingerprint", "unknown"),
-        "tokenizer_fingerprint": cap.meta.get("tokenizer_fingerprint", "unknown"),
-        "name": cap.meta.get("model_name", "unknown"),
-    }
-    if model is not None and model["fingerprint"] != this["fingerprint"]:
-        raise SeqkvError(
-            f"{path} comes from a different model ({this['fingerprint'][:12]} vs "
-            f"{model['fingerprint'][:12]}); compress captures of one model per container"
-        )
-    return model or this
-
-
 def _check_block(coder, encoded: bytes, block, where: str) -> None:
     decoded = coder.decode(encoded)
     if decoded.shape != block.shape or decoded.dtype != block.dtype:
         raise SeqkvError(f"codec {coder.codec_id} changed the shape of {where}; not written")
     if coder.lossless and decoded != block:
         raise SeqkvError(f"codec {coder.codec_id} did not round-trip {where}; not written")
-
-
-def _writer_version() -> str:
-    from seqkv_cli import __version__
-
-    return f"seqkv {__version__}"

@@ -12,8 +12,9 @@ def compress_trie(
     paths: list[Path], out: Path, coder, check: bool, model, on_progress, near_dup=False
 ):
     from seqkv_cli.runtime.loading import LoadedModel, load_model
-    from seqkv_cli.sequential.session_codecs import SessionCodec
-    from seqkv_cli.skv.compress import CompressResult, _same_model, _writer_version
+    from seqkv_cli.sequential.registry import capabilities
+    from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
+    from seqkv_cli.skv.result import CompressResult
     from seqkv_cli.trie import write
     from seqkv_cli.trie.plan import Trie
     from seqkv_cli.trie.sources import Source
@@ -21,17 +22,15 @@ def compress_trie(
     sources, seen, header_model = [], set(), None
     for path in paths:
         src = Source.from_path(path)
-        header_model = _same_model(header_model, src, path)
+        header_model = same_model(header_model, src, path)
         if src.session_id in seen:
             raise SeqkvError(f"two captures have session id '{src.session_id}' ({path})")
         seen.add(src.session_id)
         sources.append(src)
     lm = canon = None
-    if isinstance(coder, SessionCodec):
-        from seqkv_cli.skv.compress import _load_canonical
-
+    if capabilities(coder).needs_canonical:
         lm = model if isinstance(model, LoadedModel) else load_model(model)
-        canon, ident = _load_canonical(lm, coder.numerics)
+        canon, ident = load_canonical(lm, coder.numerics)
         if ident["fingerprint"] != header_model["fingerprint"]:
             raise SeqkvError(
                 f"{paths[0]} comes from a different model ({header_model['fingerprint'][:12]} "
@@ -50,7 +49,7 @@ def compress_trie(
     build = write.build_segment(trie, 0, sources, ends, coder, canon, on_progress, members=members)
     meta = {
         "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "writer": _writer_version(),
+        "writer": writer_version(),
     }
     try:
         file_bytes = write.write_new(out, build, coder, header_model, meta)

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from seqkv_cli.container.layout import capture_meta_of, kv_part, section_name
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.blocks import to_tensor
-from seqkv_cli.skv.layout import capture_meta_of, kv_part, section_name
+from seqkv_cli.kvcapture.blocks import to_tensor
+from seqkv_cli.sequential.registry import capabilities
 
 KINDS = ("key", "value")
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
@@ -20,7 +21,7 @@ class Archive:
 
     def __init__(self, path: Path | str, model=None) -> None:
         from seqkv_cli.container import open_container
-        from seqkv_cli.skv.compress import resolve_codec
+        from seqkv_cli.sequential.registry import resolve_codec
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -58,16 +59,14 @@ class Archive:
 
     @property
     def needs_model(self) -> bool:
-        from seqkv_cli.sequential.session_codecs import SessionCodec
-
-        return isinstance(self.codec, SessionCodec)
+        return capabilities(self.codec).needs_canonical
 
     def canonical(self):
         """The model this container was compressed with, checked by fingerprint."""
         if self._canon is None:
-            from seqkv_cli.skv.compress import _load_canonical
+            from seqkv_cli.skv.identity import load_canonical
 
-            canon, ident = _load_canonical(self._model_spec, self.codec.numerics)
+            canon, ident = load_canonical(self._model_spec, self.codec.numerics)
             want = self.model.get("fingerprint", "?")
             if ident["fingerprint"] != want:
                 raise SeqkvError(
@@ -142,7 +141,7 @@ class Archive:
             for k, entry in enumerate(chunk):
                 try:  # a session whose stream is unusable fails alone, before the batch runs
                     read = self._reader_for(entry)
-                    self._screen_tokens(entry, read, canon)
+                    self.codec.screen_tokens(entry, read("tokens.seq"), canon)
                     group.append(entry)
                     reads.append(read)
                 except SeqkvError as exc:
@@ -153,29 +152,6 @@ class Archive:
                 if isinstance(result, Exception):  # name the file and session
                     result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
                 yield entry, self._with_meta(entry, result)
-
-    def _screen_tokens(self, entry: dict, read, canon) -> None:
-        """Refuse a flat session's token stream whose header cannot be this session's."""
-        from seqkv_codecs.errors import CodecError
-
-        if self.codec.codec_id != "seq":
-            return  # seq-fast streams are bounded by the model context when decoded
-        try:
-            from seqkv_codecs.sequential.token_coder import read_token_stream_info
-
-            info = read_token_stream_info(read("tokens.seq"))
-        except CodecError as exc:
-            raise SeqkvError(str(exc)) from None
-        if info.vocab_size != canon.vocab_size:
-            raise SeqkvError(
-                f"its token stream was coded with a {info.vocab_size}-token vocabulary; "
-                f"the model has {canon.vocab_size}"
-            )
-        if info.n_tokens != entry["positions"] or info.n_tokens > canon.max_context:
-            raise SeqkvError(
-                f"its token stream holds {info.n_tokens} tokens; the header says "
-                f"{entry['positions']} and the model context is {canon.max_context}"
-            )
 
     def _restore_trie(self, entries: list[dict]):
         """Sessions of a trie archive, as they finish (only their nodes are decoded).
@@ -207,7 +183,7 @@ class Archive:
             yield entry, self._with_meta(entry, result)
 
     def _restore_member(self, entry: dict, centroid_tokens):
-        from seqkv_cli.sequential.session_codecs import finish_capture
+        from seqkv_cli.sequential.session_codec import finish_capture
         from seqkv_cli.trie.neardup_store import restore_member
 
         try:
@@ -349,10 +325,3 @@ def _checked_part(entry: dict, part: str, data: bytes | None) -> bytes | None:
 
 def _int_in(value, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def decompress(path: Path, out_dir: Path, session_ids: list[str] | None = None, **kw):
-    """The one decompress (skv/decompress.py); kept here because bench/_child.py imports it."""
-    from seqkv_cli.skv.decompress import decompress as decompress_all
-
-    return decompress_all(path, out_dir, session_ids, **kw)

@@ -16,7 +16,8 @@ import torch
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits
-from seqkv_cli.sequential.session_codecs import finish_capture
+from seqkv_cli.sequential.registry import capabilities
+from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.store import TrieContents, chain
 
@@ -94,7 +95,7 @@ def restore(
     alive: dict[int, Run | Exception] = {}
     pending_kids = {n: len(kids.get(n, [])) for n in needed}
     ready = list(kids.get(-1, []))
-    stepping = codec.codec_id == "seq"
+    stepping = capabilities(codec).steps_model
     while ready:
         batch, ready = (ready[:LOCKSTEP], ready[LOCKSTEP:]) if stepping else (ready[:1], ready[1:])
         runs = []

@@ -16,7 +16,8 @@ import torch
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits
-from seqkv_cli.sequential.session_codecs import EncodedSession, _bits
+from seqkv_cli.sequential.registry import capabilities
+from seqkv_cli.sequential.session_codec import EncodedSession, kv_bits
 from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.sources import Source, ppl_milli, profiles_for
@@ -53,7 +54,7 @@ def check_session(coder, build: SegmentBuild, local: int, cap, keys, values, sur
     out = EncodedSession({}, 0.0)
     for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
         for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
-            coder._residual(out, f"layers.{layer}.{kind}", _bits(a), _bits(b), cap)
+            coder.add_residual(out, f"layers.{layer}.{kind}", kv_bits(a), kv_bits(b), cap)
     if surprisal is not None and not torch.equal(surprisal, cap.surprisal.double()):
         out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
         build.notes.append(f"{cap.session_id}: surprisal differs from recomputation; stored")
@@ -90,7 +91,7 @@ def encode_model_segment(
             needed.add(node)
             node = trie.nodes[node].parent
     coded: dict[int, tuple[bytes, float]] = {}
-    sequential = coder.codec_id == "seq"
+    sequential = capabilities(coder).steps_model
     dtype_of = {local: DTYPES[src.meta["dtype"]] for local, src in enumerate(sources)}
 
     def visit(run: Run) -> None:
@@ -116,13 +117,13 @@ def encode_model_segment(
         payload, bits = coded.get(index, (b"", 0.0))
         build.token_bits_ideal += bits
         build.tables.nodes.append(
-            Node(node.parent, node.attach, len(node.tokens), len(payload), _check(node.tokens))
+            Node(node.parent, node.attach, len(node.tokens), len(payload), node_check(node.tokens))
         )
     new_tokens = [trie.nodes[i].tokens for i in range(first_new, len(trie.nodes))]
     if sequential:
         build.parts["tokens"] = b"".join(coded[i][0] for i in range(first_new, len(trie.nodes)))
     else:
-        build.parts["tokens"] = _static_tokens(new_tokens, canon.vocab_size, build)
+        build.parts["tokens"] = static_tokens(new_tokens, canon.vocab_size, build)
     return build
 
 
@@ -194,13 +195,14 @@ def _code_node(run: Run, adapter: CanonicalLogits, precision: int) -> tuple[byte
     return encode_node(low, freq, precision), bits
 
 
-def _check(tokens: np.ndarray) -> int:
+def node_check(tokens: np.ndarray) -> int:
+    """The tables' check value of a node's tokens."""
     from seqkv_codecs.sequential.node_stream import token_check
 
     return token_check(tokens)
 
 
-def _static_tokens(token_runs: list[np.ndarray], vocab: int, build: SegmentBuild) -> bytes:
+def static_tokens(token_runs: list[np.ndarray], vocab: int, build: SegmentBuild) -> bytes:
     """All new tokens of the segment under one static rANS table (seq-fast, per-vector)."""
     from seqkv_codecs.entropy import encode_symbols
 

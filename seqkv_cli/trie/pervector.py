@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.sequential.session_codecs import _bits, finish_capture
-from seqkv_cli.skv.blocks import to_block, to_tensor
-from seqkv_cli.trie.encode import SegmentBuild, _check, _static_tokens, session_records
+from seqkv_cli.kvcapture.blocks import to_block, to_tensor
+from seqkv_cli.sequential.session_codec import finish_capture, kv_bits
+from seqkv_cli.trie.encode import SegmentBuild, node_check, session_records, static_tokens
 from seqkv_cli.trie.sources import ppl_milli
 from seqkv_cli.trie.store import chain
 from seqkv_cli.trie.tables import Node
@@ -61,7 +61,14 @@ def encode_pervector_segment(
         raw[index] = (keys, values, surprisal)
         surprisal_parts.append(surprisal.numpy().astype("<f8").tobytes())
         build.tables.nodes.append(
-            Node(node.parent, node.attach, len(node.tokens), 0, _check(node.tokens), tuple(lengths))
+            Node(
+                node.parent,
+                node.attach,
+                len(node.tokens),
+                0,
+                node_check(node.tokens),
+                tuple(lengths),
+            )
         )
     for local, (end_node, end) in enumerate(ends):
         cap = sources[local].load()
@@ -75,7 +82,7 @@ def encode_pervector_segment(
                 for layer, (a, b) in enumerate(zip(mine, shared, strict=True)):
                     if not torch.equal(_as_bits(a), _as_bits(b)):
                         part = f"s{local}/residual.layers.{layer}.{kind}"
-                        build.parts[part] = encode_residual(_bits(a), _bits(b))
+                        build.parts[part] = encode_residual(kv_bits(a), kv_bits(b))
         build.tables.sessions[local].log2_ppl_milli = ppl_milli(cap.surprisal)
         if on_progress:
             on_progress(cap.positions)
@@ -83,7 +90,7 @@ def encode_pervector_segment(
     build.parts["surprisal"] = b"".join(surprisal_parts)
     new_tokens = [trie.nodes[i].tokens for i in range(first_new, len(trie.nodes))]
     alphabet = 1 + max((int(t.max()) for t in new_tokens if len(t)), default=0)
-    build.parts["tokens"] = _static_tokens(new_tokens, alphabet, build)
+    build.parts["tokens"] = static_tokens(new_tokens, alphabet, build)
     return build
 
 
@@ -120,7 +127,7 @@ def restore_pervector(arc, wanted: list[int], reads: dict):
 
     contents = arc.trie
     source = NodeSource(contents, arc.read_part, 1 << 32, 24)
-    offsets = _surprisal_offsets(contents)
+    offsets = surprisal_offsets(contents)
     decoded: dict[int, tuple] = {}  # node -> (keys, values, surprisal), shared by sessions
     tokens_of: dict[int, np.ndarray] = {}
     for s in wanted:
@@ -128,7 +135,7 @@ def restore_pervector(arc, wanted: list[int], reads: dict):
         rec = contents.sessions[s]
 
         def archived(n: int, entry=entry):
-            tokens_of[n], keys, values, surprisal = _node(arc, source, n, offsets, entry)
+            tokens_of[n], keys, values, surprisal = node_blocks(arc, source, n, offsets, entry)
             return keys, values, surprisal
 
         try:
@@ -141,7 +148,8 @@ def restore_pervector(arc, wanted: list[int], reads: dict):
             yield s, exc
 
 
-def _surprisal_offsets(contents) -> dict[int, int]:
+def surprisal_offsets(contents) -> dict[int, int]:
+    """Per node: where its surprisal values start in its segment's surprisal part."""
     out, cursor = {}, {}
     for i, node in enumerate(contents.nodes):
         at = cursor.get(node.segment, 0)
@@ -150,7 +158,7 @@ def _surprisal_offsets(contents) -> dict[int, int]:
     return out
 
 
-def _node(arc, source, n: int, offsets, entry):
+def node_blocks(arc, source, n: int, offsets, entry):
     """(tokens, keys, values, surprisal) of one node, decoded from its blocks."""
     from seqkv_codecs.errors import CodecError
 

@@ -25,11 +25,8 @@ def fork_track(adapter: CanonicalLogits, parent: Track, length: int, capacity: i
     token). The copy leaves the tail zero, exactly like a state that never saw those positions.
     """
     state = parent.state.fork(adapter.canon, length, capacity)
-    track = Track(state, adapter.canon.surprisal)
-    track.fed = length
-    if length > 1:
-        track._surprisal = [parent.surprisal[: length - 1].clone()]
-    track._prev = row
+    prefix = parent.surprisal[: max(length - 1, 0)].clone()
+    track = Track(state, adapter.canon.surprisal, length, prefix, row)
     adapter.tracks.append(track)
     return track
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from seqkv_cli.container.layout import STORED_ELSEWHERE
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.layout import _STORED_ELSEWHERE
 from seqkv_cli.trie.tables import NO_PPL
 
 
@@ -60,7 +60,7 @@ def _plain_meta(meta: dict) -> dict:
     return {
         k: v
         for k, v in meta.items()
-        if isinstance(v, str | int | float | dict) and k not in _STORED_ELSEWHERE
+        if isinstance(v, str | int | float | dict) and k not in STORED_ELSEWHERE
     }
 
 

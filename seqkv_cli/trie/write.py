@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import host_tag, pid_alive, run_tag
+from seqkv_cli.fsutil import run_tag
 from seqkv_cli.trie.encode import SegmentBuild, encode_model_segment, refuse_empty
 from seqkv_cli.trie.plan import Trie, insertion_order
 from seqkv_cli.trie.sources import Source
@@ -43,9 +43,9 @@ def plan(trie: Trie, sources: list[Source], members=None) -> list[tuple[int, int
 def build_segment(
     trie, first_new, sources, ends, coder, canon, on_progress, archived=None, members=None
 ) -> SegmentBuild:
-    from seqkv_cli.sequential.session_codecs import SessionCodec
+    from seqkv_cli.sequential.registry import capabilities
 
-    if isinstance(coder, SessionCodec):
+    if capabilities(coder).needs_canonical:
         refuse_out_of_vocab(sources, canon.vocab_size)
         build = encode_model_segment(
             trie, first_new, sources, ends, coder, canon, on_progress, members or {}
@@ -142,7 +142,3 @@ def clean_stale_staging(out: Path) -> list[Path]:
     from seqkv_cli.fsutil import clean_stale_temporaries
 
     return clean_stale_temporaries(out, (_SUFFIX, ".tmp"))
-
-
-# compact and tests name these; they live in fsutil, shared with the container writer.
-_alive, _host_tag = pid_alive, host_tag

@@ -96,11 +96,11 @@ def test_quanto_baseline_is_optional(caps, tmp_path):
 def test_cost_curve_sums_to_total_and_follows_surprisal():
     surprisal = np.array([1.0, 3.0, 0.5, 4.5])
     parts = {"tokens": 20.0, "header": 10.0, "kv": 0.0}
-    seq = cost_curve("seq", 5, parts, surprisal, first_token_bits=1.0)
+    seq = cost_curve(True, 5, parts, surprisal, first_token_bits=1.0)
     assert seq.sum() == pytest.approx(30.0)
     shape = np.array([1.0, 1.0, 3.0, 0.5, 4.5])
     assert seq == pytest.approx(shape * 2 + 2)  # 20 bits over a shape summing to 10, + 10/5
-    flat = cost_curve("turbo3", 5, parts, surprisal)
+    flat = cost_curve(False, 5, parts, surprisal)
     assert flat == pytest.approx(np.full(5, 6.0))
     w = windows(seq, surprisal, 2)
     assert [(x["start"], x["end"]) for x in w] == [(0, 2), (2, 4), (4, 5)]

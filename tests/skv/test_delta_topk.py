@@ -257,13 +257,11 @@ def test_damaged_or_missing_delta_streams_raise_codec_errors(canon, cap):
     assert isinstance(result, CorruptStreamError)
 
 
-def test_through_a_container_once_registered(tiny_lm, cap, tmp_path, monkeypatch):
+def test_through_a_container(tiny_lm, cap, tmp_path):
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from seqkv_cli.sequential import session_codecs
     from seqkv_cli.skv.compress import compress_captures
     from seqkv_cli.skv.restore import Archive
 
-    monkeypatch.setitem(session_codecs.SESSION_CODECS, "delta-topk", DeltaTopKCodec)
     save_capture(cap, tmp_path / "prose.safetensors")
     codec = {"id": "delta-topk", "max_bits": 3}
     path = tmp_path / "prose.safetensors"

@@ -190,7 +190,7 @@ def test_trie_tables_cost_under_16_bytes_per_branching_session(tiny_lm, tmp_path
 
 
 def test_resume_continues_exactly_like_the_original_cache(caps, tiny_lm, tmp_path):
-    from seqkv_cli.trie.resume import continue_from
+    from seqkv_cli.archive.resume import continue_from
 
     path = tmp_path / "t.skv"
     compress_captures(caps, path, codec="seq", model=tiny_lm)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # Capture metadata that the entry or the header's `model` already holds: not repeated per
 # session (it would cost ~400 bytes each), put back by `capture_meta_of` on restore.
-_STORED_ELSEWHERE = {
+STORED_ELSEWHERE = {
     "session_id",
     "dtype",
     "numeric_path",
@@ -70,6 +70,6 @@ def session_entry(index: int, cap, sections: list[str]) -> dict:
         "capture_meta": {
             k: v
             for k, v in meta.items()
-            if isinstance(v, str | int | float | dict) and k not in _STORED_ELSEWHERE
+            if isinstance(v, str | int | float | dict) and k not in STORED_ELSEWHERE
         },
     }

@@ -15,12 +15,14 @@ import tempfile
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import host_tag, pid_alive
 
 
 def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
     from seqkv_cli.container import locked_for_append
     from seqkv_cli.runtime.loading import LoadedModel, load_model
-    from seqkv_cli.skv.compress import compress_captures, supports_trie
+    from seqkv_cli.sequential.registry import capabilities
+    from seqkv_cli.skv.compress import compress_captures
     from seqkv_cli.skv.decompress import decompress
     from seqkv_cli.skv.restore import Archive
 
@@ -34,7 +36,7 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
                 [e["id"] for e in arc.sessions],
                 (arc.needs_model),
             )
-            if not supports_trie(arc.codec):
+            if not capabilities(arc.codec).trie_capable:
                 raise SeqkvError(
                     f"codec {arc.codec.codec_id} keeps the flat layout; nothing to compact"
                 )
@@ -65,17 +67,13 @@ def refuse_lossy(path: Path, codec) -> None:
 # Scratch folders `.{archive}.compact.{host}-{pid}-XXXX` hold full captures; a compact
 # killed with SIGKILL cannot remove its own, so the next one removes those of dead writers.
 def _scratch_prefix(path: Path) -> str:
-    from seqkv_cli.trie.write import _host_tag
-
-    return f".{path.name}.compact.{_host_tag()}-{os.getpid()}-"
+    return f".{path.name}.compact.{host_tag()}-{os.getpid()}-"
 
 
 def clean_stale_scratch(path: Path) -> None:
-    from seqkv_cli.trie.write import _alive, _host_tag
-
-    prefix = f".{path.name}.compact.{_host_tag()}-"
+    prefix = f".{path.name}.compact.{host_tag()}-"
     with contextlib.suppress(OSError):
         for entry in path.absolute().parent.iterdir():
             pid = entry.name[len(prefix) :].split("-", 1)[0]
-            if entry.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+            if entry.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(entry, ignore_errors=True)

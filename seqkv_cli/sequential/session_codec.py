@@ -1,13 +1,21 @@
-"""`seq` and `seq-fast`: whole-session codecs that need the model.
+"""The session-codec interface: a codec that sees a whole session and needs the model.
 
-Both store token ids and restore K/V by recomputing it on the canonical path, plus a
-residual for whatever recomputation does not reproduce bit for bit (nothing, for a canonical
-capture). They differ in how tokens are coded:
+A session codec stores token ids and restores K/V by recomputing it on the canonical path,
+plus a residual for whatever recomputation does not reproduce bit for bit. Subclasses say
+how tokens are coded (`encode_tokens`/`decode_tokens_many`) and declare what they can do in
+class attributes the rest of seqkv reads instead of comparing codec ids:
 
-* `seq` — range-coded under the model's own next-token distribution: about log2 PP bits per
-  position; decoding steps the model once per token.
-* `seq-fast` — static rANS over the session's token histogram (model-free); decoding is one
-  parallel prefill, so it is fast, and costs about the unigram entropy per position.
+* ``steps_model`` - token ids are coded under the model's next-token distribution, so
+  decoding steps the model once per token and a token costs its surprisal (`seq`);
+* ``trie_capable`` - sessions can share prefixes in a trie archive (all but `delta-topk`,
+  whose residual is predicted per session);
+* ``takes_residual`` - accepts ``residual=`` and ``tolerance=`` (the recomputing codecs);
+* ``needs_canonical`` - restore runs the canonical forward (true for every session codec;
+  per-vector codecs of the codec library have it false, see registry.capabilities);
+* ``lossless`` - restore is bit-exact (an instance attribute: a tolerance makes it lossy).
+
+Codecs are found through sequential/registry.py (built-ins and the
+``seqkv.session_codecs`` entry-point group).
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ class EncodedSession:
     notes: list[str] = field(default_factory=list)
 
 
-def _bits(t: torch.Tensor) -> np.ndarray:
+def kv_bits(t: torch.Tensor) -> np.ndarray:
+    """A K/V tensor's bit patterns (uint16 for 2-byte dtypes, uint32 for fp32), for residuals."""
     t = t.contiguous()
     return (
         t.view(torch.int16).numpy().view(np.uint16)
@@ -45,7 +54,7 @@ def _bits(t: torch.Tensor) -> np.ndarray:
     )
 
 
-def _from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def kv_from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     signed = np.int16 if bits.dtype == np.uint16 else np.int32
     return torch.from_numpy(bits.view(signed).copy()).view(dtype)
 
@@ -55,6 +64,11 @@ class SessionCodec:
     description: str
     typical_bits_per_component = None
     lossless = True
+    # capabilities (see the module docstring)
+    steps_model = False
+    trie_capable = True
+    takes_residual = True
+    needs_canonical = True
 
     def __init__(
         self,
@@ -119,14 +133,15 @@ class SessionCodec:
         keys, values = track.kv(canon.num_layers, dtype)
         for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
             for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
-                self._residual(out, f"layers.{layer}.{kind}", _bits(a), _bits(b), cap)
+                self.add_residual(out, f"layers.{layer}.{kind}", kv_bits(a), kv_bits(b), cap)
         if not torch.equal(track.surprisal, cap.surprisal.double()):
             # Not expected for canonical captures; kept explicit so restore stays exact.
             out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
             out.notes.append("surprisal differs from recomputation; stored explicitly")
         return out
 
-    def _residual(self, out: EncodedSession, part: str, captured, recomputed, cap) -> None:
+    def add_residual(self, out: EncodedSession, part: str, captured, recomputed, cap) -> None:
+        """Store in `out` what `recomputed` (bit patterns) misses of `captured`, if anything."""
         from seqkv_codecs.residual import encode_residual
 
         if np.array_equal(captured, recomputed):
@@ -146,6 +161,12 @@ class SessionCodec:
             data = encode_residual(captured, recomputed)
         out.parts[f"residual.{part}"] = data
         out.residual_bytes += len(data)
+
+    def screen_tokens(self, entry: dict, data: bytes | None, canon) -> None:
+        """Refuse, before any model step, a stored token stream that cannot be `entry`'s.
+
+        The default checks nothing: streams whose header records no length are bounded by
+        the model context as they decode."""
 
     def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
         [result] = self.decode_many([entry], [read], canon)
@@ -193,36 +214,15 @@ def finish_capture(entry: dict, read, tokens, keys, values, surprisal) -> Captur
             if data is None:
                 continue
             if data[:4] == TOLERANCE_MAGIC:
-                bits = apply_tolerance(data, _bits(t), entry["dtype"])
+                bits = apply_tolerance(data, kv_bits(t), entry["dtype"])
             else:
-                bits = apply_residual(data, _bits(t))
-            tensors[layer] = _from_bits(bits, dtype)
+                bits = apply_residual(data, kv_bits(t))
+            tensors[layer] = kv_from_bits(bits, dtype)
     stored = read("surprisal")
     if stored is not None:
         surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
     meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
     return Capture(torch.from_numpy(np.asarray(tokens)), keys, values, surprisal, meta)
-
-
-class SeqCodec(SessionCodec):
-    codec_id = "seq"
-    description = (
-        "token ids range-coded under the model (≈ log2 PP bits/position) + exact "
-        "K/V recomputation + residual; decode steps the model per token"
-    )
-
-    def encode_tokens(self, tokens, adapter):
-        from seqkv_codecs.sequential import encode_tokens_with_stats
-
-        data, stats = encode_tokens_with_stats(
-            tokens, adapter, precision_bits=self.precision_bits, chunk_size=self.chunk_size
-        )
-        return data, stats.ideal_bits
-
-    def decode_tokens_many(self, datas, adapter):
-        from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
-
-        return decode_tokens_batch(datas, adapter, with_states=True)
 
 
 class SeqFastCodec(SessionCodec):
@@ -267,6 +267,3 @@ class SeqFastCodec(SessionCodec):
         for s in range(0, len(tokens), 256):
             adapter.feed(track, tokens[s : s + 256])
         return track
-
-
-SESSION_CODECS = {c.codec_id: c for c in (SeqCodec, SeqFastCodec)}

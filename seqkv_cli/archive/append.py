@@ -14,6 +14,7 @@ import numpy as np
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
+from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.trie.encode import SegmentBuild, check_session, refuse_empty, session_records
 from seqkv_cli.trie.plan import PlanNode, Trie
 from seqkv_cli.trie.sources import Source
@@ -31,7 +32,7 @@ class AddResult:
 
 def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None) -> AddResult:
     from seqkv_cli.container import locked_for_append
-    from seqkv_cli.skv.compress import resolve_codec
+    from seqkv_cli.sequential.registry import resolve_codec
     from seqkv_cli.trie import store
     from seqkv_cli.trie.write import build_segment, segment_sections
 
@@ -56,9 +57,13 @@ def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None
         canon, source = _model_side(coder, contents, reader, model, header, path)
         trie = Trie()
         for n, node in enumerate(contents.nodes):
-            known = source.tokens(n) if source is not None and not _stepping(coder) else None
+            known = (
+                source.tokens(n)
+                if source is not None and not capabilities(coder).steps_model
+                else None
+            )
             trie.add(PlanNode(node.parent, node.attach, node.start, known, -1, node.n_tokens))
-        if _stepping(coder):
+        if capabilities(coder).steps_model:
             build = _add_seq(trie, first_new, sources, coder, canon, source)
             build.parts["index"] = _index(build, first_new)
         else:
@@ -79,25 +84,20 @@ def _archived_kv(contents, source, coder, header):
     """Per-vector codecs: decode an archived node's K/V blocks when a new path needs them."""
     from types import SimpleNamespace
 
-    from seqkv_cli.sequential.session_codecs import SessionCodec
-    from seqkv_cli.trie.pervector import _node, _surprisal_offsets
+    from seqkv_cli.trie.pervector import node_blocks, surprisal_offsets
 
-    if isinstance(coder, SessionCodec):
+    if capabilities(coder).needs_canonical:
         return None
     view = SimpleNamespace(trie=contents, read_part=source.read_part, codec=coder)
-    offsets = _surprisal_offsets(contents)
+    offsets = surprisal_offsets(contents)
 
     def archived(n: int):
         profile = next(iter(contents.profiles.values()))
         entry = {"shapes": profile["shapes"], "dtype": profile["dtype"]}
-        _, keys, values, surprisal = _node(view, source, n, offsets, entry)
+        _, keys, values, surprisal = node_blocks(view, source, n, offsets, entry)
         return keys, values, surprisal
 
     return archived
-
-
-def _stepping(coder) -> bool:
-    return coder.codec_id == "seq"
 
 
 def _index(build: SegmentBuild, first_new: int) -> bytes:
@@ -124,15 +124,14 @@ def _check_new(sources: list[Source], contents, header: dict, path) -> None:
 
 def _model_side(coder, contents, reader, model, header, path):
     """The canonical model (checked against the archive's) and a reader of node tokens."""
-    from seqkv_cli.sequential.session_codecs import SessionCodec
     from seqkv_cli.trie.decode import NodeSource
     from seqkv_cli.trie.store import PartReader
 
-    if not isinstance(coder, SessionCodec):
+    if not capabilities(coder).needs_canonical:
         return None, NodeSource(contents, PartReader(reader), 1 << 32, 24)
-    from seqkv_cli.skv.compress import _load_canonical
+    from seqkv_cli.skv.identity import load_canonical
 
-    canon, ident = _load_canonical(model, coder.numerics)
+    canon, ident = load_canonical(model, coder.numerics)
     want = (header.get("model") or {}).get("fingerprint")
     if ident["fingerprint"] != want:
         raise SeqkvError(

@@ -8,12 +8,22 @@ ranges several sessions cover are the shared part ("trie"). The sums equal the f
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Protocol
 
 from seqkv_cli.trie.store import TrieContents, chain
 
 
-def _node_bytes(arc) -> list[float]:
+class StoredTrie(Protocol):
+    """What cost accounting reads of an open trie archive (skv/restore.py's `Archive`)."""
+
+    trie: TrieContents
+    sessions: list[dict]  # header entries, archive order
+    reader: object  # the container reader: `.sections` (name, length) and `.size`
+
+    def read_part(self, segment: int, name: str) -> bytes: ...
+
+
+def _node_bytes(arc: StoredTrie) -> list[float]:
     contents: TrieContents = arc.trie
     nodes = contents.nodes
     joint: dict[int, tuple[int, int]] = {}  # segment -> (token bytes, tokens) when coded jointly
@@ -39,7 +49,7 @@ def _paths(contents: TrieContents) -> list[list[tuple[int, int]]]:
     return out
 
 
-def session_costs(arc) -> list[dict]:
+def session_costs(arc: StoredTrie) -> list[dict]:
     """Per session (archive order): bytes by kind and the longest prefix it shares."""
     contents = arc.trie
     nodes, node_bytes, paths = contents.nodes, _node_bytes(arc), _paths(contents)
@@ -86,40 +96,7 @@ def session_costs(arc) -> list[dict]:
     return costs
 
 
-def session_rows(path: Path) -> tuple[list[dict], str]:
-    """Rows for `archive list` (flat archives list their sessions with no sharing)."""
-    from seqkv_cli.skv.restore import Archive
-
-    with Archive(path) as arc:
-        if arc.trie is None:
-            from seqkv_cli.skv.accounting import account
-
-            rows = [
-                {**s, "own_bytes": s["bytes"], "shared_prefix": 0, "segment": 1}
-                for s in account(arc).sessions
-            ]
-            return rows, "flat layout: sessions share nothing (`seqkv archive compact` converts)"
-        costs = session_costs(arc)
-        rows = [
-            {
-                "id": e["id"],
-                "positions": e["positions"],
-                "own_bytes": c["tokens"] + c["kv"] + c["residual"],
-                "shared_prefix": c["shared_prefix"],
-                "segment": e["trie"]["segment"],
-            }
-            for e, c in zip(arc.sessions, costs, strict=True)
-        ]
-        shape = trie_shape(arc)
-        note = (
-            f"{shape['nodes']} nodes in {shape['segments']} segment(s), depth {shape['depth']}; "
-            f"{shape['coverage']:.0%} of sessions share a prefix with another; dedup saves "
-            f"{shape['saved_bytes']:,.0f} bytes"
-        )
-        return rows, note
-
-
-def trie_shape(arc) -> dict:
+def trie_shape(arc: StoredTrie) -> dict:
     """Nodes, roots, depth, cluster coverage, and the bytes dedup saves (PLT metric, §2)."""
     contents = arc.trie
     node_bytes, paths = _node_bytes(arc), _paths(contents)

@@ -1,0 +1,48 @@
+"""Which model a container belongs to, and which seqkv wrote it.
+
+A container holds sessions of one model: its header names the model by fingerprint, and a
+model-backed codec restores with that model's canonical forward only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+
+
+def load_canonical(model, numerics: str):
+    """The canonical forward of `model` (spec, LoadedModel or None = embedded) on the numeric
+    path `numerics`, and the model's identity (the header's `model` object)."""
+    from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.loading import LoadedModel, load_model
+
+    lm = model if isinstance(model, LoadedModel) else load_model(model)
+    ident = {
+        "fingerprint": lm.fingerprint,
+        "tokenizer_fingerprint": lm.tokenizer_fingerprint,
+        "name": lm.name,
+    }
+    return canonical_model(lm, numerics), ident
+
+
+def same_model(model: dict | None, cap, path: Path) -> dict:
+    """The identity of capture `cap`, refused if it is not the model seen so far (`model`)."""
+    this = {
+        "fingerprint": cap.meta.get("model_fingerprint", "unknown"),
+        "tokenizer_fingerprint": cap.meta.get("tokenizer_fingerprint", "unknown"),
+        "name": cap.meta.get("model_name", "unknown"),
+    }
+    if model is not None and model["fingerprint"] != this["fingerprint"]:
+        raise SeqkvError(
+            f"{path} comes from a different model ({this['fingerprint'][:12]} vs "
+            f"{model['fingerprint'][:12]}); compress captures of one model per container"
+        )
+    return model or this
+
+
+def writer_version() -> str:
+    """The header's `meta.writer`."""
+    from seqkv_cli import __version__
+
+    return f"seqkv {__version__}"
