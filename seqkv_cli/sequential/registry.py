@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "seqkv.session_codecs"
 #: id -> "module:Class" of the session codecs shipped with seqkv
 BUILTIN_SESSION_CODECS = {
     "seq": "seqkv_cli.sequential.seq:SeqCodec",
-    "seq-fast": "seqkv_cli.sequential.session_codec:SeqFastCodec",
+    "seq-fast": "seqkv_cli.sequential.seq_fast:SeqFastCodec",
     "delta-topk": "seqkv_cli.sequential.delta_topk:DeltaTopKCodec",
 }
 
