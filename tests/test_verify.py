@@ -213,8 +213,7 @@ def test_writer_temporaries_carry_host_and_pid_and_dead_ones_are_removed(tmp_pat
 
 @pytest.fixture
 def fake_conversion(monkeypatch):
-    import seqkv_cli.runtime.embedded as embedded
-    import seqkv_cli.runtime.loading as loading
+    import seqkv_cli.runtime.gguf as gguf
 
     calls = []
 
@@ -224,54 +223,76 @@ def fake_conversion(monkeypatch):
             raise SeqkvError("disk full")
         (folder / "model.safetensors").write_text(model)
 
-    monkeypatch.setattr(loading, "load_gguf", lambda path: (path.read_text(), None))
-    monkeypatch.setattr(embedded, "save_clean", save)
-    return embedded, calls
+    monkeypatch.setattr(gguf, "load_gguf", lambda path: (path.read_text(), None))
+    monkeypatch.setattr(gguf, "save_clean", save)
+    return gguf, calls
 
 
 def test_convert_gguf_never_deletes_a_converted_copy(tmp_path, fake_conversion):
-    embedded, calls = fake_conversion
+    conv, calls = fake_conversion
     gguf, target = tmp_path / "m.gguf", tmp_path / "models" / "gguf-1"
     gguf.write_text("weights v1")
-    embedded.convert_gguf(gguf, target)
-    assert (target / embedded.CONVERTED_MARKER).exists()
+    conv.convert_gguf(gguf, target)
+    assert (target / conv.CONVERTED_MARKER).exists()
     assert (target / "model.safetensors").read_text() == "weights v1"
     gguf.write_text("weights v2")  # a second run (it waited on the lock) keeps the good copy
-    embedded.convert_gguf(gguf, target)
+    conv.convert_gguf(gguf, target)
     assert (target / "model.safetensors").read_text() == "weights v1" and len(calls) == 1
     assert sorted(p.name for p in target.parent.iterdir()) == ["gguf-1", "gguf-1.convert.lock"]
 
 
 def test_convert_gguf_replaces_an_unfinished_copy_and_a_failure_keeps_it(tmp_path, fake_conversion):
-    embedded, _ = fake_conversion
+    conv, _ = fake_conversion
     gguf, target = tmp_path / "m.gguf", tmp_path / "gguf-1"
     target.mkdir()
     (target / "half.bin").write_text("a run killed mid-copy")
     gguf.write_text("boom")
     with pytest.raises(SeqkvError, match="disk full"):
-        embedded.convert_gguf(gguf, target)
+        conv.convert_gguf(gguf, target)
     assert (target / "half.bin").exists()  # nothing this run did not make is deleted
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gguf-1", "gguf-1.convert.lock", "m.gguf"]
     gguf.write_text("weights")
-    embedded.convert_gguf(gguf, target)
+    conv.convert_gguf(gguf, target)
     assert sorted(p.name for p in target.iterdir()) == sorted(
-        [embedded.CONVERTED_MARKER, "model.safetensors"]
+        [conv.CONVERTED_MARKER, "model.safetensors"]
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gguf-1", "gguf-1.convert.lock", "m.gguf"]
+
+
+def test_a_gguf_file_converts_once_into_a_folder_named_by_its_content(
+    tmp_path, monkeypatch, fake_conversion
+):
+    import hashlib
+
+    conv, calls = fake_conversion
+    monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF weights")
+    folder = conv.converted_gguf_folder(gguf)
+    digest = hashlib.sha256(b"GGUF weights").hexdigest()[:16]
+    assert folder == tmp_path / "cache" / "models" / f"gguf-{digest}"
+    assert (folder / "model.safetensors").read_text() == "GGUF weights"
+    assert conv.converted_gguf_folder(gguf) == folder and len(calls) == 1  # cached
+    gguf.write_bytes(b"GGUF other weights")  # other content: another folder
+    assert conv.converted_gguf_folder(gguf) != folder and len(calls) == 2
+    gguf.write_bytes(b"GGML old")
+    with pytest.raises(SeqkvError, match="bad magic bytes"):
+        conv.converted_gguf_folder(gguf)
 
 
 # -- restore.py keeps no second decompress --------------------------------------------------
 
 
-def test_restore_decompress_is_the_staged_one(tmp_path):
-    from seqkv_cli.skv import restore
+def test_there_is_one_decompress(tmp_path):
+    from seqkv_cli.skv import decompress, restore
 
     caps = [write(tmp_path, "a b", "a"), write(tmp_path, "a_b", "b")]
     skv = tmp_path / "x.skv"
     assert invoke("compress", *caps, "-o", skv, "--codec", "raw").exit_code == 0
-    # the old copy named both sessions "a_b.safetensors": one overwrote the other
-    written = restore.decompress(skv, tmp_path / "out")
-    assert len({p.name for p in written}) == 2 and not hasattr(restore, "_safe")
+    # an old copy in restore.py named both sessions "a_b.safetensors": one overwrote the other
+    written = decompress.decompress(skv, tmp_path / "out")
+    assert len({p.name for p in written}) == 2
+    assert not hasattr(restore, "decompress") and not hasattr(restore, "_safe")
 
 
 def test_report_refuses_restored_kv_of_another_shape_in_one_line():

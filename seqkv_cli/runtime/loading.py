@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime import fingerprint as fp
+from seqkv_cli.runtime.gguf import converted_gguf_folder, one_line
 from seqkv_cli.runtime.paths import cache_root
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -93,40 +93,10 @@ def load_model(spec: str | None = None, *, progress=None) -> LoadedModel:
     raise SeqkvError(f"no such model file or folder: {spec}")
 
 
-def load_gguf(path: Path):
-    """Load and dequantize a GGUF file with transformers (slow: ~18 s for 135M)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    _check_gguf_magic(path)
-    try:
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype="float32"
-        )
-    except SeqkvError:
-        raise
-    except Exception as exc:  # the gguf reader raises many types on damaged files
-        raise SeqkvError(f"could not read GGUF file {path}: {_one_line(exc)}") from exc
-    return model.eval(), tok
-
-
 def _from_gguf_file(path: Path, progress) -> LoadedModel:
     # Converted once into the cache, keyed by the file's content hash, like the embedded model.
-    from seqkv_cli.runtime.embedded import CONVERTED_MARKER, convert_gguf
-
-    _check_gguf_magic(path)
-    digest = _file_sha256(path)[:16]
-    target = cache_root() / "models" / f"gguf-{digest}"
-    if not (target / CONVERTED_MARKER).exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(path, target, progress=progress)
+    target = converted_gguf_folder(path, progress=progress)
     return _from_folder(target, name=path.stem, kind="gguf", source=str(path))
-
-
-def _check_gguf_magic(path: Path) -> None:
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise SeqkvError(f"not a GGUF file: {path} (bad magic bytes)")
 
 
 def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedModel:
@@ -136,7 +106,7 @@ def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedMo
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
     except Exception as exc:
-        raise SeqkvError(f"could not load model from {folder}: {_one_line(exc)}") from exc
+        raise SeqkvError(f"could not load model from {folder}: {one_line(exc)}") from exc
     model_fp, tok_fp = _cached_fingerprints(folder, model, tok)
     return LoadedModel(model, tok, name, source, kind, model_fp, tok_fp, folder=folder)
 
@@ -162,7 +132,7 @@ def _from_hub(repo_id: str) -> LoadedModel:
         try:
             model, tok = load(False)
         except Exception as exc:
-            raise SeqkvError(f"could not load '{repo_id}' from the hub: {_one_line(exc)}") from exc
+            raise SeqkvError(f"could not load '{repo_id}' from the hub: {one_line(exc)}") from exc
     tok_fp = fp.tokenizer_fingerprint(tok)
     return LoadedModel(
         model, tok, repo_id, repo_id, "hub", fp.model_fingerprint(model, tok_fp), tok_fp
@@ -192,16 +162,3 @@ def _hub_reachable(host: str = "huggingface.co") -> bool:
         return True
     except OSError:
         return False
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
