@@ -121,3 +121,37 @@ def test_rows_of_several_sequences_match_stepping_each_alone(tiny_lm):
         assert torch.equal(torch.stack(logits[j]), ref_logits)
         assert torch.equal(states[j].keys, ref_state.keys)
         assert torch.equal(states[j].values, ref_state.values)
+
+
+def test_rms_norm_and_rotate_are_the_forward_pieces_branch_uses(tiny_lm):
+    lm = CanonicalLM(tiny_lm.model)
+    x = torch.tensor([[3.0, 4.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    w = torch.tensor([1.0, 2.0, 1.0, 1.0])
+    expected = w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + lm.eps)
+    assert torch.allclose(lm.rms_norm(x, w), expected, rtol=1e-6)
+    assert lm.rms_norm(x, w)[0, 1] == pytest.approx(2 * 4 / (6.25 + lm.eps) ** 0.5, rel=1e-6)
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    ones, zeros = torch.ones(4), torch.zeros(4)
+    assert torch.equal(lm.rotate(v, ones, zeros), v)  # angle 0
+    assert torch.equal(lm.rotate(v, zeros, ones), torch.tensor([-3.0, -4.0, 1.0, 2.0]))  # 90°
+    # position 0 of the model's own table is angle 0 (times its attention scaling)
+    assert torch.equal(lm.sin[0], torch.zeros_like(lm.sin[0]))
+
+
+def test_surprisal_of_uniform_logits_is_log2_of_the_vocabulary():
+    from seqkv_cli.runtime.surprisal import SURPRISAL_ROWS, portable_surprisal_bits, surprisal_bits
+
+    rows = 2 * SURPRISAL_ROWS + 1  # crosses the row blocks
+    logits = torch.zeros(rows, 256)
+    ids = torch.arange(rows)
+    for fn in (surprisal_bits, portable_surprisal_bits):
+        out = fn(logits, ids)
+        assert out.dtype == torch.float64 and out.shape == (rows,)
+        assert torch.allclose(out, torch.full((rows,), 8.0, dtype=torch.float64), atol=1e-12)
+        assert fn(logits[:0], ids[:0]).shape == (0,)
+    peaked = torch.zeros(1, 4)
+    peaked[0, 2] = 10.0
+    p = torch.softmax(peaked.double(), -1)
+    for fn in (surprisal_bits, portable_surprisal_bits):
+        assert float(fn(peaked, torch.tensor([2]))) == pytest.approx(-float(p[0, 2].log2()))
+        assert float(fn(peaked, torch.tensor([0]))) == pytest.approx(-float(p[0, 0].log2()))

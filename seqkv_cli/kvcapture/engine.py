@@ -9,7 +9,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
-from seqkv_cli.runtime.numerics import surprisal_bits
+from seqkv_cli.runtime.surprisal import surprisal_bits
 
 CHUNK = 256  # positions per forward call: bounds memory (logits are n x vocab)
 HF_NUMERIC_PATH = f"transformers-fp32-chunk{CHUNK}"

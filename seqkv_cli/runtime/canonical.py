@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.numerics import surprisal_bits
+from seqkv_cli.runtime.surprisal import surprisal_bits
 
 ROW_BLOCK = 8
 KEY_BLOCK = 256
@@ -154,11 +154,13 @@ class CanonicalLM:
             raise SeqkvError(f"{capacity} positions exceed the model context ({self.max_context})")
         return KVState(self, capacity)
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of each row of `x` with weight `w` and the model's epsilon, in fp32."""
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
     @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Apply rotary embeddings (rows of the `cos`/`sin` tables) to the last dim of `x`."""
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -198,11 +200,11 @@ class CanonicalLM:
             start += len(seg)
         h = self.embed[ids]
         for li, layer in enumerate(self.layers):
-            x = self._rms(h, layer.ln1)
+            x = self.rms_norm(h, layer.ln1)
             q = F.linear(x, layer.wq, layer.bq).view(t_pad, self.num_heads, self.head_dim)
             k = F.linear(x, layer.wk, layer.bk).view(t_pad, self.num_kv_heads, self.head_dim)
             v = F.linear(x, layer.wv, layer.bv).view(t_pad, self.num_kv_heads, self.head_dim)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
             attn = torch.empty((t_pad, self.num_heads * self.head_dim))
             for state, first, m, local, masked, n_blocks in plans:
                 p0 = state.length
@@ -211,13 +213,13 @@ class CanonicalLM:
                 attn[first : first + m] = self._attention(state, li, q[local], masked, n_blocks)[:m]
             attn[total:] = attn[total - 1]
             h = h + F.linear(attn, layer.wo)
-            x = self._rms(h, layer.ln2)
+            x = self.rms_norm(h, layer.ln2)
             h = h + F.linear(
                 F.silu(F.linear(x, layer.w_gate)) * F.linear(x, layer.w_up), layer.w_down
             )
         for state, ids_ in segments:
             state.length += len(ids_)
-        return F.linear(self._rms(h, self.norm), self.lm_head)[:total]
+        return F.linear(self.rms_norm(h, self.norm), self.lm_head)[:total]
 
     def _plan(self, state: KVState, first: int, m: int):
         """A segment's attention rows: its own rows padded to a row block, and its key mask."""

@@ -9,11 +9,13 @@ so the codec config names its path and a decoder that cannot honour it refuses:
 * ``canonical-fp32-rb8-kb256-v1`` (legacy): the lean fp32 Llama forward of earlier versions.
   Bit-exact only on the machine class that wrote the file (same ISA, BLAS and thread split);
   kept so that older files decode, never written by default.
+
+This module is the top of the runtime that knows both paths: it imports `canonical` and
+`portable.model`, and neither imports it (their shared surprisal helpers are in
+`runtime.surprisal`).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -26,8 +28,6 @@ PATHS = {
     PORTABLE: "portable: same bits on any IEEE machine, thread count, ISA, BLAS or device",
     LEGACY: "legacy fp32 forward: same machine class only (llama, mistral, qwen2)",
 }
-SURPRISAL_ROWS = 4  # rows per float64 log-softmax: stays in cache (profiled: ~6x faster)
-
 
 ALIASES = {"portable": PORTABLE, "legacy": LEGACY}
 
@@ -68,38 +68,6 @@ def build_canonical(hf_model, path: str = DEFAULT):
             "reproduced here (files written on it decode only on their machine class)"
         )
     return CanonicalLM(hf_model)
-
-
-def surprisal_bits(logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-    """-log2 P(next | prefix) in float64 for each row of fp32 logits (torch's log-softmax).
-
-    Rows are independent: blocking them changes speed, not a bit of the result. Used by
-    ordinary runs and the legacy path; the portable path uses `portable_surprisal_bits`.
-    """
-    ids = next_ids[:, None].long()
-    parts = [
-        torch.log_softmax(logits[r : r + SURPRISAL_ROWS].double(), dim=-1).gather(
-            1, ids[r : r + SURPRISAL_ROWS]
-        )[:, 0]
-        for r in range(0, len(ids), SURPRISAL_ROWS)
-    ]
-    lp = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
-    return -lp / math.log(2)
-
-
-def portable_surprisal_bits(logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-    """`surprisal_bits` in the portable definition: the same float64 bits everywhere."""
-    from seqkv_cli.runtime.portable import exact
-
-    ids = next_ids[:, None].long()
-    parts = [
-        exact.log_softmax(logits[r : r + SURPRISAL_ROWS].double(), -1).gather(
-            1, ids[r : r + SURPRISAL_ROWS]
-        )[:, 0]
-        for r in range(0, len(ids), SURPRISAL_ROWS)
-    ]
-    lp = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
-    return -lp / math.log(2)
 
 
 def support(hf_model) -> dict[str, str]:

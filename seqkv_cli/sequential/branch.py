@@ -68,19 +68,19 @@ def _branch(canon, state, positions, embeds) -> tuple[torch.Tensor, torch.Tensor
     h = embeds.float()[rows]
     keys, values = [], []
     for li, layer in enumerate(canon.layers):
-        x = canon._rms(h, layer.ln1)
+        x = canon.rms_norm(h, layer.ln1)
         k = F.linear(x, layer.wk, layer.bk).view(r_pad, canon.num_kv_heads, canon.head_dim)
         v = F.linear(x, layer.wv, layer.bv).view(r_pad, canon.num_kv_heads, canon.head_dim)
-        k = canon._rope(k, cos, sin)
+        k = canon.rotate(k, cos, sin)
         keys.append(k[:r])
         values.append(v[:r])
         if li == canon.num_layers - 1:
             break  # the last layer's output feeds only the logits, which are not needed
         q = F.linear(x, layer.wq, layer.bq).view(r_pad, canon.num_heads, canon.head_dim)
-        q = canon._rope(q, cos, sin)
+        q = canon.rotate(q, cos, sin)
         attn = _attention(canon, state, li, q, k, v, pos, n_blocks)
         h = h + F.linear(attn, layer.wo)
-        x = canon._rms(h, layer.ln2)
+        x = canon.rms_norm(h, layer.ln2)
         h = h + F.linear(F.silu(F.linear(x, layer.w_gate)) * F.linear(x, layer.w_up), layer.w_down)
     return torch.stack(keys), torch.stack(values)
 

@@ -16,7 +16,6 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.hfcompat import cache_kwarg
-from seqkv_cli.runtime.numerics import portable_surprisal_bits
 from seqkv_cli.runtime.portable import exact
 from seqkv_cli.runtime.portable.attention import (
     ATTENTION_NAME,
@@ -26,6 +25,7 @@ from seqkv_cli.runtime.portable.attention import (
     portable_attention,
 )
 from seqkv_cli.runtime.portable.mode import PortableMode, WeightCache
+from seqkv_cli.runtime.surprisal import portable_surprisal_bits
 
 NUMERIC_PATH = exact.NUMERIC_PATH
 # Module types the path refuses by name: their state or ops have no portable definition yet.
