@@ -4,7 +4,7 @@ Heavy modules (torch, transformers) load only when an API function is first call
 `seqkv --help` stays fast.
 """
 
-__version__ = "0.2.0"
+from seqkv_cli.version import __version__
 
 __all__ = ["__version__", "capture", "load_capture", "to_dynamic_cache"]
 

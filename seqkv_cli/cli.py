@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from seqkv_cli import __version__
 from seqkv_cli.commands.archive import archive_app, resume_command
 from seqkv_cli.commands.capture import capture_command
 from seqkv_cli.commands.compress import compress_command, decompress_command
@@ -14,6 +13,7 @@ from seqkv_cli.commands.inspect import codecs_command, info_command, verify_comm
 from seqkv_cli.commands.model import model_app
 from seqkv_cli.commands.pipeline import pipeline_command
 from seqkv_cli.commands.report import report_command
+from seqkv_cli.version import __version__
 
 app = typer.Typer(
     help="Capture transformer KV caches, compress them as sequences, restore and report them.",

@@ -107,7 +107,7 @@ def _transformers(lm, ids, on_progress):
 def provenance(lm, *, dtype: str, numeric_path: str, positions: int) -> dict:
     import transformers
 
-    from seqkv_cli import __version__
+    from seqkv_cli.version import __version__
 
     return {
         "model_name": lm.name,

@@ -62,7 +62,7 @@ class OutputSet:
 
 def document(report: Report, limits: Thresholds, failures: list[Failure]) -> dict:
     """The JSON document (schema in docs/REPORT.md)."""
-    from seqkv_cli import __version__
+    from seqkv_cli.version import __version__
 
     opts = report.options
     return {

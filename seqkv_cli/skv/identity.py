@@ -43,6 +43,6 @@ def same_model(model: dict | None, cap, path: Path) -> dict:
 
 def writer_version() -> str:
     """The header's `meta.writer`."""
-    from seqkv_cli import __version__
+    from seqkv_cli.version import __version__
 
     return f"seqkv {__version__}"
