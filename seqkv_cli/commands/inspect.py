@@ -86,7 +86,7 @@ def verify_command(
     """Check every checksum and decode every block; with --against, measure fidelity."""
     from seqkv_cli.kvcapture.capture_file import load_capture
     from seqkv_cli.skv.restore import Archive
-    from seqkv_cli.skv.verify import restored_problems
+    from seqkv_cli.skv.verify import check_sessions
 
     with Archive(archive, model=model) as arc:
         arc.reader.verify()
@@ -94,65 +94,44 @@ def verify_command(
         for path in against or []:
             cap = load_capture(path)
             originals[cap.session_id] = cap
-        missing = set(originals) - {e["id"] for e in arc.sessions}
-        if missing:
-            raise SeqkvError(f"{archive} holds no session {sorted(missing)[0]!r} to compare with")
+        checks = check_sessions(arc, originals)
         table = Table(
             title=f"{shown(archive)}: integrity OK ({len(arc.sessions)} sessions, codec "
             f"{shown(arc.codec.codec_id)})"
         )
         for col in ("session", "exact", "max abs err", "rel L2 err", "attention err"):
             table.add_column(col, justify="left" if col == "session" else "right")
-        failed = {}
-        for entry, restored in arc.restore_many(arc.sessions):
-            if isinstance(restored, Exception):
-                raise restored
-            original = originals.get(entry["id"])
-            if original is None:
-                table.add_row(shown(entry["id"]), "-", "-", "-", "-")
-                continue
-            problems = restored_problems(original, restored, arc.codec)
-            if problems:
-                failed[entry["id"]] = problems
-            _fidelity_rows(table, entry["id"], original, restored, per_layer, problems)
+        for check in checks:
+            _fidelity_rows(table, check, per_layer)
         console.print(table)
+        failed = [c for c in checks if not c.ok]
         if failed:
-            sid, problems = next(iter(failed.items()))
-            which = "" if len(failed) == 1 else f"{sid}: "
+            which = "" if len(failed) == 1 else f"{failed[0].session_id}: "
             raise SeqkvError(
-                f"codec {arc.codec.codec_id} did not restore {', '.join(failed)} "
-                f"({which}{'; '.join(problems)})",
+                f"codec {arc.codec.codec_id} did not restore "
+                f"{', '.join(c.session_id for c in failed)} "
+                f"({which}{'; '.join(failed[0].problems)})",
                 exit_code=1,
             )
 
 
-def _fidelity_rows(table, sid: str, original, restored, per_layer: bool, problems) -> None:
+def _fidelity_rows(table, check, per_layer: bool) -> None:
     """The session's error row (and one per layer); no numbers where the shapes differ."""
-    from seqkv_cli.skv.fidelity import attention_error, compare
-    from seqkv_cli.skv.verify import structure_problems
-
-    if problems and structure_problems(original, restored):
-        table.add_row(shown(sid), "no", "-", "-", "-")
+    if not check.compared:
+        table.add_row(shown(check.session_id), "-", "-", "-", "-")
         return
-    rows = [
-        compare(a, b, i, kind)
-        for kind, xs, ys in (
-            ("key", original.keys, restored.keys),
-            ("value", original.values, restored.values),
-        )
-        for i, (a, b) in enumerate(zip(xs, ys, strict=True))
-    ]
-    exact = all(r.exact for r in rows)
-    attn = attention_error(original.keys, original.values, restored.keys, restored.values)
+    if check.errors is None:
+        table.add_row(shown(check.session_id), "no", "-", "-", "-")
+        return
     table.add_row(
-        shown(sid),
-        "yes" if exact else "no",
-        f"{max(r.max_abs for r in rows):.3g}",
-        f"{max(r.rel_l2 for r in rows):.3g}",
-        f"{attn:.3g}",
+        shown(check.session_id),
+        "yes" if check.exact else "no",
+        f"{check.max_abs:.3g}",
+        f"{check.rel_l2:.3g}",
+        f"{check.attention_error:.3g}",
     )
     if per_layer:
-        for r in rows:
+        for r in check.errors:
             table.add_row(
                 f"  layer {r.layer} {r.kind}",
                 "yes" if r.exact else "no",
@@ -170,9 +149,9 @@ def codecs_command() -> None:
     table = Table()
     for col in ("id", "kind", "typical bits/component", "description"):
         table.add_column(col)
-    from seqkv_cli.sequential.session_codecs import SESSION_CODECS
+    from seqkv_cli.sequential.registry import session_codec_classes
 
-    for cls in [*SESSION_CODECS.values(), *available_codecs()]:
+    for cls in [*session_codec_classes(), *available_codecs()]:
         bits = cls.typical_bits_per_component
         table.add_row(
             cls.codec_id,

@@ -12,8 +12,6 @@ from seqkv_cli.commands._common import console, handle_errors, human_bytes, say,
 from seqkv_cli.commands.capture import ModelOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
-VERIFY_CHOICES = ("all", "sample", "none")
-
 
 @handle_errors
 def pipeline_command(
@@ -36,9 +34,9 @@ def pipeline_command(
     from seqkv_cli.fsutil import refuse_output_in_inputs
     from seqkv_cli.kvcapture.api import capture_one, input_files, prepare_capture
     from seqkv_cli.skv.compress import compress_captures, resolve_codec
+    from seqkv_cli.skv.verify import check_verify_mode
 
-    if verify not in VERIFY_CHOICES:
-        raise SeqkvError(f"--verify must be one of {', '.join(VERIFY_CHOICES)}, not '{verify}'")
+    check_verify_mode(verify)
     resolve_codec(baseline)
     out = Path(out)
     for archive in (out / "seq.skv", out / f"{baseline}.skv"):
@@ -85,38 +83,30 @@ def pipeline_command(
 def _verify(path: Path, lm, captures, mode: str) -> dict[str, bool]:
     """Decode the chosen sessions of the seq container and compare them with the captures."""
     from seqkv_cli.skv.restore import Archive
-    from seqkv_cli.skv.verify import restored_problems
+    from seqkv_cli.skv.verify import check_sessions, sessions_to_decode
 
     if mode == "none":
         return {}
-    by_id = {c.capture.session_id: c.capture for c in captures}
+    originals = {c.capture.session_id: c.capture for c in captures}
     with Archive(path, model=lm) as arc:
         arc.reader.verify()
-        entries = sorted(arc.sessions, key=lambda e: e["positions"])
-        chosen = entries if mode == "all" else entries[:2]
+        chosen = sessions_to_decode(arc.sessions, mode)
         say(f"verifying {len(chosen)} session(s) by decoding them")
-        result, problems = {}, {}
-        for entry, restored in arc.restore_many(chosen):
-            if isinstance(restored, Exception):
-                raise restored
-            problems[entry["id"]] = restored_problems(by_id[entry["id"]], restored, arc.codec)
-            result[entry["id"]] = not problems[entry["id"]]
-    bad = [k for k, ok in result.items() if not ok]
+        checks = check_sessions(arc, originals, chosen, measure=False)
+    bad = [c for c in checks if not c.ok]
     if bad:
         raise SeqkvError(
-            f"seq did not restore {', '.join(bad)} bit-exactly ({problems[bad[0]][0]})",
+            f"seq did not restore {', '.join(c.session_id for c in bad)} bit-exactly "
+            f"({bad[0].problems[0]})",
             exit_code=1,
         )
-    return result
+    return {c.session_id: c.ok for c in checks}
 
 
 def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> None:
-    from seqkv_cli.skv.accounting import account
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.report.pipeline_summary import pipeline_summary
 
-    with Archive(seq.path, model=lm) as arc:
-        entries, per_session = arc.sessions, account(arc).sessions
-    fp16_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
+    summary = pipeline_summary(lm, [c.capture for c in captures], seq, base, exact)
     table = Table(
         title=f"seqkv pipeline: {shown(lm.name)} (fingerprint {shown(lm.fingerprint[:12])}), "
         f"bits per token position"
@@ -133,38 +123,34 @@ def _summary(lm, captures, seq, base, baseline: str, exact: dict[str, bool]) -> 
         "bit-exact",
     ):
         table.add_column(col, justify="left" if col == "session" else "right")
-    base_per_pos = base.part_bytes["kv"] * 8 / base.positions
-    for cap, entry, acc in zip(captures, entries, per_session, strict=True):
-        c, bits, residual = cap.capture, acc["bits_per_position"], entry["residual_bytes"]
+    for row in summary.sessions:
         table.add_row(
-            shown(c.session_id),
-            f"{c.positions:,}",
-            f"{c.log2_ppl:.3f}",
-            f"{bits:.3f}",
-            human_bytes(residual),
-            f"{base_per_pos:,.0f}",
-            f"{fp16_bits:,}",
-            f"{fp16_bits / bits:,.0f}x",
-            {True: "yes", False: "NO"}.get(exact.get(c.session_id), "-"),
+            shown(row.session),
+            f"{row.tokens:,}",
+            f"{row.log2_ppl:.3f}",
+            f"{row.seq_bits:.3f}",
+            human_bytes(row.residual_bytes),
+            f"{row.baseline_bits:,.0f}",
+            f"{row.fp16_bits:,}",
+            f"{row.vs_fp16:,.0f}x",
+            {True: "yes", False: "NO"}.get(row.exact, "-"),
         )
     table.add_section()
-    total_pos = seq.positions
-    log2_ppl = sum(float(c.capture.surprisal.sum()) for c in captures) / max(
-        total_pos - len(captures), 1
-    )
+    row = summary.file
     table.add_row(
-        "all (file)",
-        f"{total_pos:,}",
-        f"{log2_ppl:.3f}",
-        f"{seq.file_bytes * 8 / total_pos:.3f}",
+        row.session,
+        f"{row.tokens:,}",
+        f"{row.log2_ppl:.3f}",
+        f"{row.seq_bits:.3f}",
         "",
-        f"{base_per_pos:,.0f}",
-        f"{fp16_bits:,}",
-        f"{fp16_bits * total_pos / (seq.file_bytes * 8):,.0f}x",
+        f"{row.baseline_bits:,.0f}",
+        f"{row.fp16_bits:,}",
+        f"{row.vs_fp16:,.0f}x",
         "",
     )
     console.print(table)
     console.print(
-        f"seq.skv {human_bytes(seq.file_bytes)}; {baseline}.skv "
-        f"{human_bytes(base.file_bytes)}; captured K/V {human_bytes(seq.input_kv_bytes)}"
+        f"seq.skv {human_bytes(summary.seq_file_bytes)}; {baseline}.skv "
+        f"{human_bytes(summary.baseline_file_bytes)}; "
+        f"captured K/V {human_bytes(summary.captured_kv_bytes)}"
     )

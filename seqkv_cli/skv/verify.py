@@ -5,13 +5,23 @@ tensor of the same shape and dtype. Then what the codec promises: lossless codec
 a codec with a `tolerance` (seq with --tolerance) max |restored - captured| <= tolerance.
 Per-vector lossy codecs document no bound: their error is measured (`verify --against`,
 `report`), not judged.
+
+`check_sessions` decodes sessions of an open archive and checks each against its capture
+(`seqkv verify --against`, `seqkv pipeline`); the commands only format what it returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.skv.fidelity import LayerFidelity, attention_error, compare
+
+VERIFY_MODES = ("all", "sample", "none")
+SAMPLE_SESSIONS = 2  # `--verify sample` decodes this many sessions, the shortest ones
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -28,6 +38,12 @@ def restored_problems(original, restored, codec) -> list[str]:
     problems = structure_problems(original, restored)
     if problems:
         return problems  # tensors of other shapes cannot be compared element by element
+    return _promise_problems(original, restored, codec)
+
+
+def _promise_problems(original, restored, codec) -> list[str]:
+    """What breaks the codec's promise, for a restored session of the original's structure."""
+    problems = []
     if codec.lossless:
         if not same_capture(original, restored):
             err = max_abs_error(original, restored)
@@ -107,3 +123,106 @@ def kv_structure_problems(original, restored) -> list[str]:
             elif x.dtype != y.dtype:
                 problems.append(f"{where} dtype {y.dtype} instead of {x.dtype}")
     return problems
+
+
+# -- decoding and checking the sessions of an archive ----------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionCheck:
+    """One session of an archive, decoded and checked against its capture.
+
+    ``compared`` is False for a session no original was given for (nothing else is set).
+    ``problems``: what breaks the codec's promise (`restored_problems`); empty when it holds.
+    ``errors``: per layer, keys then values, exactness and error (`fidelity.compare`); None
+    where the structure differs (no element-by-element comparison) or errors were not measured.
+    """
+
+    session_id: str
+    compared: bool = True
+    problems: tuple[str, ...] = ()
+    errors: tuple[LayerFidelity, ...] | None = None
+    attention_error: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The codec's promise holds (or there was nothing to compare with)."""
+        return not self.problems
+
+    @property
+    def exact(self) -> bool:
+        """Every measured K/V tensor is bit-exact (False where errors were not measured)."""
+        return self.errors is not None and all(e.exact for e in self.errors)
+
+    @property
+    def max_abs(self) -> float | None:
+        """Largest absolute error over the measured layers, or None."""
+        return None if self.errors is None else max(e.max_abs for e in self.errors)
+
+    @property
+    def rel_l2(self) -> float | None:
+        """Largest relative L2 error over the measured layers, or None."""
+        return None if self.errors is None else max(e.rel_l2 for e in self.errors)
+
+
+def layer_errors(original, restored) -> list[LayerFidelity]:
+    """`fidelity.compare` of every layer's keys, then every layer's values (same structure)."""
+    return [
+        compare(a, b, i, kind)
+        for kind, xs, ys in (
+            ("key", original.keys, restored.keys),
+            ("value", original.values, restored.values),
+        )
+        for i, (a, b) in enumerate(zip(xs, ys, strict=True))
+    ]
+
+
+def check_session(original, restored, codec, *, measure: bool = True) -> SessionCheck:
+    """Check one restored session: the codec's promise and, with `measure`, its errors."""
+    structure = structure_problems(original, restored)
+    problems = structure or _promise_problems(original, restored, codec)
+    errors = attn = None
+    if measure and not structure:
+        errors = tuple(layer_errors(original, restored))
+        attn = attention_error(original.keys, original.values, restored.keys, restored.values)
+    return SessionCheck(original.session_id, True, tuple(problems), errors, attn)
+
+
+def check_verify_mode(mode: str) -> str:
+    """Refuse a `--verify` mode other than all, sample or none."""
+    if mode not in VERIFY_MODES:
+        raise SeqkvError(f"--verify must be one of {', '.join(VERIFY_MODES)}, not '{mode}'")
+    return mode
+
+
+def sessions_to_decode(entries: list[dict], mode: str) -> list[dict]:
+    """The session entries a `--verify` mode decodes: all or the shortest few, by length."""
+    if check_verify_mode(mode) == "none":
+        return []
+    ordered = sorted(entries, key=lambda e: e["positions"])
+    return ordered if mode == "all" else ordered[:SAMPLE_SESSIONS]
+
+
+def check_sessions(
+    arc, originals: Mapping[str, object], entries: list[dict] | None = None, *, measure=True
+) -> list[SessionCheck]:
+    """Decode `entries` (default: every session) of an open `Archive`; check each one.
+
+    ``originals`` maps session ids to captures; a session without one is decoded (so every
+    block is read) but not compared. An original naming a session the archive lacks is refused
+    before anything decodes, and a session that fails to decode raises its error.
+    """
+    known = {e["id"] for e in arc.sessions}
+    missing = set(originals) - known
+    if missing:
+        raise SeqkvError(f"{arc.path} holds no session {sorted(missing)[0]!r} to compare with")
+    checks = []
+    for entry, restored in arc.restore_many(arc.sessions if entries is None else entries):
+        if isinstance(restored, Exception):
+            raise restored
+        original = originals.get(entry["id"])
+        if original is None:
+            checks.append(SessionCheck(entry["id"], compared=False))
+        else:
+            checks.append(check_session(original, restored, arc.codec, measure=measure))
+    return checks
