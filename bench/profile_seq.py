@@ -18,7 +18,8 @@ from bench.common import Run, timed
 # (category, file suffix, function name); a category may list several functions
 CATEGORIES = (
     ("model forward (canonical)", "runtime/portable/model.py", "_run"),
-    ("surprisal (fp64 log-softmax per row)", "kvcapture/engine.py", "surprisal_bits"),
+    ("surprisal (fp64 log-softmax per row)", "runtime/surprisal.py", "surprisal_bits"),
+    ("surprisal (fp64 log-softmax per row)", "runtime/surprisal.py", "portable_surprisal_bits"),
     ("frequency tables from logits", "sequential/probability.py", "frequencies_from_logits"),
     ("encoder: interval lookup", "sequential/token_coder.py", "_intervals"),  # flat layout
     ("encoder: interval lookup", "sequential/node_stream.py", "intervals"),  # trie layout

@@ -67,9 +67,9 @@ def session_entry(index: int, cap, sections: list[str]) -> dict:
         "sections": sections,
         "numeric_path": meta.get("numeric_path", "unknown"),
         "log2_ppl": round(cap.log2_ppl, 6) if cap.positions > 1 else None,
-        "capture_meta": {
-            k: v
-            for k, v in meta.items()
-            if isinstance(v, str | int | float | dict) and k not in STORED_ELSEWHERE
+        "capture_meta": {  # sorted: a capture file's metadata order varies between runs
+            k: meta[k]
+            for k in sorted(meta)
+            if isinstance(meta[k], str | int | float | dict) and k not in STORED_ELSEWHERE
         },
     }

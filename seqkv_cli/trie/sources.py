@@ -57,10 +57,11 @@ def profile_key(meta: dict) -> tuple:
 
 
 def _plain_meta(meta: dict) -> dict:
+    # sorted: a capture file's metadata order varies between runs; the index must not
     return {
-        k: v
-        for k, v in meta.items()
-        if isinstance(v, str | int | float | dict) and k not in STORED_ELSEWHERE
+        k: meta[k]
+        for k in sorted(meta)
+        if isinstance(meta[k], str | int | float | dict) and k not in STORED_ELSEWHERE
     }
 
 
