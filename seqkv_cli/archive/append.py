@@ -31,6 +31,13 @@ class AddResult:
 
 
 def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None) -> AddResult:
+    if not Path(path).is_file():
+        raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
+    return add_sources(path, [Source.from_path(p) for p in capture_paths], model, on_wait)
+
+
+def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> AddResult:
+    """Append sessions (capture files or in-memory captures) to the trie archive `path`."""
     from seqkv_cli.container import locked_for_append
     from seqkv_cli.sequential.registry import resolve_codec
     from seqkv_cli.trie import store
@@ -38,7 +45,6 @@ def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None
 
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
-    sources = [Source.from_path(p) for p in capture_paths]
     refuse_empty(sources)
     with locked_for_append(path, on_wait) as appender:
         reader = appender.reader
@@ -116,8 +122,9 @@ def _check_new(sources: list[Source], contents, header: dict, path) -> None:
         seen.add(src.session_id)
         got = src.meta.get("model_fingerprint")
         if want and got != want:
+            where = src.path or f"session {src.session_id}"
             raise SeqkvError(
-                f"{src.path} comes from a different model ({str(got)[:12]} vs {want[:12]}); "
+                f"{where} comes from a different model ({str(got)[:12]} vs {want[:12]}); "
                 "an archive holds sessions of one model"
             )
 
@@ -176,7 +183,7 @@ def _add_seq(trie: Trie, first_new: int, sources, coder, canon, source) -> Segme
         track = rows.finish()
         cap = src.load()
         keys, values = track.kv(canon.num_layers, DTYPES[src.meta["dtype"]])
-        check_session(coder, build, local, cap, keys, values, track.surprisal)
+        check_session(src.coder_for(coder), build, local, cap, keys, values, track.surprisal)
         adapter.tracks.clear()
     build.parts["tokens"] = b"".join(payloads)
     return build

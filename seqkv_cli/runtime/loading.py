@@ -25,7 +25,7 @@ class LoadedModel:
     tokenizer: object
     name: str
     source: str
-    kind: str  # "embedded" | "folder" | "gguf" | "hub"
+    kind: str  # "embedded" | "folder" | "gguf" | "hub" | "instance"
     fingerprint: str
     tokenizer_fingerprint: str
     folder: Path | None = None
@@ -91,6 +91,80 @@ def load_model(spec: str | None = None, *, progress=None) -> LoadedModel:
     if _HUB_ID.match(spec) and not spec.endswith(".gguf"):
         return _from_hub(spec)
     raise SeqkvError(f"no such model file or folder: {spec}")
+
+
+def resolve_model(model=None, *, tokenizer=None, progress=None) -> LoadedModel:
+    """A LoadedModel from what a library user has: None (the embedded default), a folder or
+    .gguf path, a hub id, a LoadedModel, or a transformers model object already in memory."""
+    if isinstance(model, LoadedModel):
+        return model
+    if model is None or isinstance(model, str | Path):
+        return load_model(None if model is None else str(model), progress=progress)
+    if not hasattr(model, "config") or not hasattr(model, "state_dict"):
+        raise SeqkvError(
+            f"model must be a transformers model, a folder, a .gguf file or None, "
+            f"not {type(model).__name__}"
+        )
+    return from_instance(model, tokenizer)
+
+
+_INSTANCES: dict[int, tuple[object, LoadedModel]] = {}
+
+
+def from_instance(model, tokenizer=None) -> LoadedModel:
+    """A user's transformers model as a LoadedModel (fingerprinted once per object).
+
+    The canonical forward runs fp32 on the CPU: a model in another dtype or on another
+    device is copied for it and the user's object is left as it was. Its fingerprint is that
+    of the fp32 copy (so a bf16 model is a different model from its fp32 checkpoint, which
+    it numerically is). The tokenizer, when given or found beside the weights, is part of the
+    fingerprint, as for models loaded from a folder."""
+    import copy
+
+    import torch
+
+    hit = _INSTANCES.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    params = list(model.parameters())
+    if not params:
+        raise SeqkvError(f"{type(model).__name__} has no parameters: not a language model")
+    first = params[0]
+    runner = model
+    if first.dtype != torch.float32 or first.device.type != "cpu":
+        runner = copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
+    runner.eval()
+    name_or_path = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    if tokenizer is None:
+        tokenizer = _tokenizer_beside(name_or_path)
+    tok_fp = fp.tokenizer_fingerprint(tokenizer) if tokenizer is not None else "none"
+    name = Path(name_or_path).name or name_or_path
+    lm = LoadedModel(
+        runner,
+        tokenizer,
+        name,
+        name_or_path,
+        "instance",
+        fp.model_fingerprint(runner, tok_fp),
+        tok_fp,
+    )
+    _INSTANCES[id(model)] = (model, lm)
+    return lm
+
+
+def _tokenizer_beside(name_or_path: str):
+    """The tokenizer saved with a model folder, if there is one (never the network)."""
+    folder = Path(name_or_path)
+    if not folder.is_dir() or not any(
+        (folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception:
+        return None
 
 
 def _from_gguf_file(path: Path, progress) -> LoadedModel:

@@ -11,22 +11,29 @@ from seqkv_cli.errors import SeqkvError
 def compress_trie(
     paths: list[Path], out: Path, coder, check: bool, model, on_progress, near_dup=False
 ):
+    from seqkv_cli.trie.sources import Source
+
+    sources = [Source.from_path(path) for path in paths]
+    return compress_sources(sources, out, coder, check, model, on_progress, near_dup)
+
+
+def compress_sources(sources, out: Path, coder, check: bool, model, on_progress, near_dup=False):
+    """A new trie archive at `out` from sources (capture files or in-memory captures)."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.sequential.registry import capabilities
     from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
     from seqkv_cli.skv.result import CompressResult
     from seqkv_cli.trie import write
     from seqkv_cli.trie.plan import Trie
-    from seqkv_cli.trie.sources import Source
 
-    sources, seen, header_model = [], set(), None
-    for path in paths:
-        src = Source.from_path(path)
-        header_model = same_model(header_model, src, path)
+    seen, header_model = set(), None
+    for src in sources:
+        where = src.path or f"session {src.session_id}"
+        header_model = same_model(header_model, src, where)
         if src.session_id in seen:
-            raise SeqkvError(f"two captures have session id '{src.session_id}' ({path})")
+            raise SeqkvError(f"two captures have session id '{src.session_id}' ({where})")
         seen.add(src.session_id)
-        sources.append(src)
+    paths = [src.path or f"session {src.session_id}" for src in sources]
     lm = canon = None
     if capabilities(coder).needs_canonical:
         lm = model if isinstance(model, LoadedModel) else load_model(model)
@@ -80,7 +87,8 @@ def verify_against(path: Path, sources, coder, lm) -> None:
         for entry, restored in arc.restore_many(arc.sessions):
             if isinstance(restored, Exception):
                 raise SeqkvError(f"verification failed, nothing written: {restored}")
-            check_restored(by_id[entry["id"]].load(), restored, coder, "nothing written")
+            src = by_id[entry["id"]]
+            check_restored(src.load(), restored, src.coder_for(coder), "nothing written")
 
 
 def _kv_bytes(meta: dict, positions: int) -> int:

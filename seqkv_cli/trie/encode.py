@@ -103,7 +103,9 @@ def encode_model_segment(
             cap = sources[local].load()
             end = ends[local][1]
             keys, values, surprisal = session_kv(run, end, dtype_of[local], canon.num_layers)
-            check_session(coder, build, local, cap, keys, values, surprisal)
+            check_session(
+                sources[local].coder_for(coder), build, local, cap, keys, values, surprisal
+            )
             if on_progress:
                 on_progress(cap.positions)
 
@@ -139,7 +141,7 @@ def _encode_member(build, local: int, centroid: int, sources, coder, adapter) ->
     adapter.tracks.clear()
     track = RowStream(adapter, src.tokens).finish()
     keys, values = track.kv(adapter.canon.num_layers, DTYPES[src.meta["dtype"]])
-    check_session(coder, build, local, src.load(), keys, values, track.surprisal)
+    check_session(src.coder_for(coder), build, local, src.load(), keys, values, track.surprisal)
     adapter.tracks.clear()
 
 

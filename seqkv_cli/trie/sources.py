@@ -23,6 +23,9 @@ class Source:
     tokens: np.ndarray  # int64
     path: Path | None = None
     capture: object | None = None  # an in-memory Capture instead of a file
+    # The session codec that stores this session's residual, when it is not the archive's
+    # (the library API's per-session tolerance); residual streams are self-describing.
+    residual_coder: object | None = None
 
     @classmethod
     def from_path(cls, path: Path) -> Source:
@@ -32,8 +35,13 @@ class Source:
         return cls(meta.get("session_id", "session"), meta, tokens.numpy().astype(np.int64), path)
 
     @classmethod
-    def from_capture(cls, cap) -> Source:
-        return cls(cap.session_id, cap.meta, cap.tokens.numpy().astype(np.int64), None, cap)
+    def from_capture(cls, cap, residual_coder=None) -> Source:
+        tokens = cap.tokens.numpy().astype(np.int64)
+        return cls(cap.session_id, cap.meta, tokens, None, cap, residual_coder)
+
+    def coder_for(self, coder):
+        """The codec that stores this session's residual (and checks its restore)."""
+        return self.residual_coder or coder
 
     def load(self):
         if self.capture is not None:

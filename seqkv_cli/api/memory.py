@@ -1,0 +1,322 @@
+"""`seqkv.open_archive`: keep a model's sessions in one `.skv` trie archive from Python.
+
+    with seqkv.open_archive("memory.skv", model=model) as arc:
+        arc.add("chat-42", input_ids, cache=out.past_key_values)
+        cache = arc.load("chat-42")          # a DynamicCache, bit for bit the one added
+
+An archive holds sessions of one model. `add` appends a segment (nothing committed is
+rewritten; a crash leaves the file as it was) and shares every prefix already stored, so a
+growing session costs only its new tokens. The first `add` creates the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from seqkv_cli.errors import SeqkvError
+
+RESIDUAL_CHOICES = ("lossless", "none")
+MAX_ID_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One archived session, as `sessions()` lists it."""
+
+    id: str
+    tokens: int
+    bytes: int  # what this session adds on its own (its tokens past the shared prefix, residual)
+    shared_prefix: int  # positions it shares with sessions stored before it
+
+
+@dataclass(frozen=True)
+class AddReport:
+    """What one `add` stored."""
+
+    id: str
+    tokens: int
+    new_tokens: int  # tokens past the longest prefix the archive already had
+    added_bytes: int
+    file_bytes: int
+    kv: str  # "recomputed" (tokens only), "exact" (residual: bit for bit), "within EPS"
+    max_abs_difference: float | None  # user's cache vs the canonical recompute (None: no cache)
+
+
+class MemoryArchive:
+    """An archive opened for adding and loading sessions (see `open_archive`)."""
+
+    def __init__(self, path, model=None, *, tokenizer=None, codec="seq", numerics=None) -> None:
+        from seqkv_cli.runtime.loading import resolve_model
+        from seqkv_cli.runtime.numerics import DEFAULT
+        from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
+
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_file():
+            raise SeqkvError(f"{self.path} is not a file")
+        config = dict(codec) if isinstance(codec, dict) else {"id": codec}
+        caps = codec_capabilities(str(config.get("id")))
+        if caps is None or not (caps.needs_canonical and caps.trie_capable and caps.takes_residual):
+            raise SeqkvError(
+                f"open_archive keeps sessions with a model-backed trie codec (seq, seq-fast); "
+                f"{config.get('id')!r} is not one"
+            )
+        # A dict config without a numeric path means a new file: the portable default (read
+        # from a file, a missing path means the legacy forward that predates the field).
+        config.setdefault("numerics", numerics or DEFAULT)
+        self._coder = resolve_codec(config)
+        self._lm = resolve_model(model, tokenizer=tokenizer)
+        self._closed = False
+        if self.path.is_file():
+            self._check_existing()
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> MemoryArchive:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- reading --------------------------------------------------------------------------
+    def sessions(self) -> list[SessionInfo]:
+        """Every session: id, tokens, bytes of its own, positions shared with earlier ones."""
+        self._open()
+        if not self.path.is_file():
+            return []
+        from seqkv_cli.archive.summary import session_rows
+
+        rows, _ = session_rows(self.path)
+        return [
+            SessionInfo(r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]))
+            for r in rows
+        ]
+
+    def __contains__(self, session_id: str) -> bool:
+        return any(s.id == session_id for s in self.sessions())
+
+    def __len__(self) -> int:
+        return len(self.sessions())
+
+    def load_capture(self, session_id: str):
+        """The session as a `Capture`: tokens, K/V per layer, surprisal, metadata."""
+        from seqkv_cli.skv.restore import Archive
+
+        self._open()
+        if not self.path.is_file():
+            raise SeqkvError(f"{self.path} has no sessions yet")
+        with Archive(self.path, model=self._lm) as arc:
+            return arc.restore(arc.session(str(session_id)))
+
+    def tokens(self, session_id: str) -> list[int]:
+        return self.load_capture(session_id).tokens.tolist()
+
+    def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None):
+        """The session's cache as a `DynamicCache(config=model.config)`, ready for
+        `model(..., past_key_values=cache)` or `model.generate(..., past_key_values=cache)`.
+
+        K/V come back in the dtype they were added in (the user's cache's, bit for bit under
+        residual="lossless") unless `dtype` says otherwise; `device` moves them."""
+        from seqkv_cli.api.caches import to_cache
+
+        cap = self.load_capture(session_id)
+        return to_cache(cap.keys, cap.values, self._lm.config, dtype=dtype, device=device)
+
+    # -- writing --------------------------------------------------------------------------
+    def add(
+        self,
+        session_id: str,
+        input_ids,
+        cache=None,
+        *,
+        residual: str = "lossless",
+        tolerance: float | None = None,
+        verify: bool = False,
+    ) -> AddReport:
+        """Store a session: its token ids and, with `cache`, what makes `load` return it.
+
+        * no `cache`: tokens only; `load` recomputes K/V canonically (bf16).
+        * `cache` (the user's own, any numerics, bf16/fp16/fp32): the residual against the
+          canonical recompute is stored, so `load` returns that cache bit for bit
+          (`residual="lossless"`), within `tolerance` of it (`tolerance=EPS`), or the
+          canonical recompute (`residual="none"`; the report says how far that is).
+
+        `verify` restores the whole archive's new session before returning (slow: the
+        decoder steps the model once per token).
+        """
+        from seqkv_cli.archive.append import add_sources
+        from seqkv_cli.trie.sources import Source
+
+        self._open()
+        sid = _check_id(session_id)
+        ids = _token_list(input_ids, self._lm.vocab_size)
+        if residual not in RESIDUAL_CHOICES:
+            raise SeqkvError(f"residual must be one of {RESIDUAL_CHOICES}, not {residual!r}")
+        if tolerance is not None and residual == "none":
+            raise SeqkvError("tolerance applies to a stored residual; residual='none' keeps none")
+        if tolerance is not None and cache is None:
+            raise SeqkvError("tolerance needs a cache: without one K/V are recomputed exactly")
+        if len(ids) > self._lm.max_context:
+            raise SeqkvError(
+                f"session {sid!r} has {len(ids)} tokens, more than the model context "
+                f"({self._lm.max_context})"
+            )
+        if self.path.is_file() and sid in {s.id for s in self.sessions()}:
+            raise SeqkvError(f"{self.path} already has a session {sid!r}; ids must be unique")
+        cap, how, diff = self._capture(sid, ids, cache, residual, tolerance)
+        coder = self._coder_with(tolerance)
+        source = Source.from_capture(cap, coder if tolerance is not None else None)
+        if self.path.is_file():
+            result = add_sources(self.path, [source], self._lm)
+            added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
+        else:
+            from seqkv_cli.skv.compress_trie import compress_sources
+
+            result = compress_sources([source], self.path, self._coder, False, self._lm, None)
+            added = file_bytes = result.file_bytes
+            new = len(ids)
+        if verify:
+            self._verify(sid, cap, source.coder_for(self._coder))
+        return AddReport(sid, len(ids), new, added, file_bytes, how, diff)
+
+    # -- internals ------------------------------------------------------------------------
+    def _open(self) -> None:
+        if self._closed:
+            raise SeqkvError(f"the archive {self.path} is closed")
+
+    def _check_existing(self) -> None:
+        """The file must be a trie archive of this model (checked before any work)."""
+        from seqkv_cli.skv.restore import Archive
+
+        with Archive(self.path, model=self._lm) as arc:
+            if arc.trie is None:
+                raise SeqkvError(
+                    f"{self.path} keeps sessions separately (flat layout); convert it with "
+                    "`seqkv archive compact` first"
+                )
+            want = arc.model.get("fingerprint", "?")
+            if want != self._lm.fingerprint:
+                raise SeqkvError(
+                    f"{self.path} holds sessions of model {arc.model.get('name', '?')} "
+                    f"(fingerprint {want[:16]}); the model given has {self._lm.fingerprint[:16]} "
+                    "(same weights, dtype and tokenizer are needed)"
+                )
+            self._coder = arc.codec  # the file's own codec decides how sessions are coded
+
+    def _coder_with(self, tolerance):
+        if tolerance is None:
+            return self._coder
+        if not isinstance(tolerance, int | float) or isinstance(tolerance, bool) or tolerance <= 0:
+            raise SeqkvError(f"tolerance must be a number > 0, got {tolerance!r}")
+        return type(self._coder).from_config({**self._coder.get_config(), "tolerance": tolerance})
+
+    def _capture(self, sid, ids, cache, residual, tolerance):
+        """A capture to store: the canonical run's tokens/surprisal, and the K/V to keep."""
+        from seqkv_cli.api.caches import DTYPE_NAMES, cache_kv
+        from seqkv_cli.kvcapture.engine import run_capture
+
+        lm = self._lm
+        dtype = "bf16"
+        user = None
+        if cache is not None:
+            shapes = {
+                "num_layers": lm.num_layers,
+                "num_kv_heads": lm.num_kv_heads,
+                "head_dim": lm.head_dim,
+            }
+            if residual == "none":  # only the dtype is kept; shapes may be partial
+                from seqkv_cli.api.caches import cache_layers
+
+                dtype = DTYPE_NAMES.get(cache_layers(cache)[0][0].dtype, "bf16")
+            else:
+                keys, values, dtype = cache_kv(cache, len(ids), shapes)
+                user = (keys, values)
+        cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
+        cap.meta["session_id"] = sid
+        if cache is None:
+            return cap, "recomputed", None
+        diff = None
+        if user is not None:
+            diff = _max_abs_difference(cap, *user)
+            cap.keys, cap.values = user
+            cap.meta["numeric_path"] = "user-cache"
+            return cap, ("within EPS" if tolerance is not None else "exact"), diff
+        return cap, "recomputed", _partial_difference(cache, cap)
+
+    def _verify(self, sid, cap, coder) -> None:
+        from seqkv_cli.skv.verify import check_restored
+
+        check_restored(cap, self.load_capture(sid), coder, f"stored in {self.path} anyway")
+
+
+def open_archive(path, model=None, *, tokenizer=None, codec="seq", numerics=None):
+    """Open (or, on the first `add`, create) a trie archive of `model`'s sessions.
+
+    `model`: a transformers PreTrainedModel, a folder or `.gguf` path, or None for the
+    embedded default. A model object is fingerprinted (weights, config and `tokenizer`, or the
+    tokenizer saved beside it); the archive refuses a different one. `codec` applies to a new
+    file (an existing file keeps its own)."""
+    return MemoryArchive(path, model, tokenizer=tokenizer, codec=codec, numerics=numerics)
+
+
+def _check_id(session_id) -> str:
+    if not isinstance(session_id, str) or not session_id:
+        raise SeqkvError(f"a session id must be a non-empty string, not {session_id!r}")
+    if len(session_id) > MAX_ID_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in session_id):
+        raise SeqkvError(
+            f"session id {session_id[:40]!r}: at most {MAX_ID_CHARS} characters, "
+            "no control characters"
+        )
+    return session_id
+
+
+def _token_list(input_ids, vocab_size: int) -> list[int]:
+    """Token ids from a list, a 1-D tensor/array, or a (1, n) batch."""
+    import numpy as np
+
+    arr = input_ids.detach().cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
+    try:
+        arr = np.asarray(arr)
+    except (TypeError, ValueError):
+        raise SeqkvError("input_ids must be a list of ints, a tensor or an array") from None
+    if arr.ndim == 2 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise SeqkvError(
+            f"input_ids must be one sequence of integer ids (n,) or (1, n), got shape "
+            f"{tuple(arr.shape)} of {arr.dtype}"
+        )
+    if arr.size == 0:
+        raise SeqkvError("input_ids is empty: nothing to store")
+    low, high = int(arr.min()), int(arr.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise SeqkvError(f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
+    return [int(t) for t in arr]
+
+
+def _max_abs_difference(cap, keys, values) -> float:
+    pairs = [*zip(cap.keys, keys, strict=True), *zip(cap.values, values, strict=True)]
+    return max(float((a.double() - b.double()).abs().max()) for a, b in pairs)
+
+
+def _partial_difference(cache, cap) -> float | None:
+    """residual='none': how far the user's cache is from what `load` will return, over the
+    positions each layer of it holds (the last ones, for a sliding window)."""
+    from seqkv_cli.api.caches import cache_layers
+
+    worst = 0.0
+    for (k, v), ck, cv in zip(cache_layers(cache), cap.keys, cap.values, strict=False):
+        n = k.shape[-2]
+        if k.dim() != 4 or k.shape[0] != 1 or n > ck.shape[1] or k.shape[1] != ck.shape[0]:
+            return None
+        for mine, canon in ((k[0], ck[:, ck.shape[1] - n :]), (v[0], cv[:, cv.shape[1] - n :])):
+            if mine.shape != canon.shape:
+                return None
+            diff = (mine.detach().cpu().double() - canon.double()).abs().max()
+            worst = max(worst, float(diff))
+    return worst

@@ -1,0 +1,205 @@
+"""The library API: open_archive / add / load / sessions on a tiny random Llama model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqkv_cli as seqkv
+from seqkv_cli.errors import SeqkvError
+
+
+@pytest.fixture(scope="module")
+def user_model(tiny_model_dir):
+    """The user's own model object (transformers, fp32, default attention)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def _ids(n: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 250, (1, n), generator=gen)
+
+
+def _cache_of(model, ids, dtype=None):
+    with torch.inference_mode():
+        cache = model(ids, use_cache=True).past_key_values
+    if dtype is not None:
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
+    return cache
+
+
+def _layers(cache):
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _assert_same(a, b) -> None:
+    for i, ((ka, va), (kb, vb)) in enumerate(zip(_layers(a), _layers(b), strict=True)):
+        assert ka.dtype == kb.dtype and va.dtype == vb.dtype, i
+        assert torch.equal(ka, kb) and torch.equal(va, vb), f"layer {i} differs"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_users_own_cache_comes_back_bit_for_bit(tmp_path, user_model, dtype):
+    ids = _ids(40)
+    cache = _cache_of(user_model, ids, dtype)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        report = arc.add("chat-42", ids, cache=cache)
+        loaded = arc.load("chat-42")
+    assert report.kv == "exact" and report.tokens == 40 and report.new_tokens == 40
+    assert report.max_abs_difference > 0  # transformers' numerics are not the canonical ones
+    assert type(loaded).__name__ == "DynamicCache"
+    _assert_same(cache, loaded)
+    assert loaded.get_seq_length() == 40
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_a_loaded_cache_continues_exactly_where_it_stopped(tmp_path, user_model):
+    ids, more = _ids(30), _ids(5, seed=1)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        arc.add("s", ids, cache=_cache_of(user_model, ids))
+        loaded = arc.load("s")
+    from seqkv_cli.runtime.hfcompat import cache_kwarg
+
+    name = cache_kwarg(type(user_model).forward)  # `cache` on newer transformers
+    with torch.inference_mode():
+        expected = user_model(more, **{name: _cache_of(user_model, ids)}).logits
+        got = user_model(more, **{name: loaded}).logits
+        greedy = user_model.generate(
+            torch.cat([ids, more], 1)[:, :31],
+            past_key_values=arc_reload(tmp_path, user_model),
+            max_new_tokens=4,
+            do_sample=False,
+        )
+        plain = user_model.generate(
+            torch.cat([ids, more], 1)[:, :31], max_new_tokens=4, do_sample=False
+        )
+    assert torch.equal(expected, got)
+    assert torch.equal(greedy, plain)
+
+
+def arc_reload(folder, model):
+    with seqkv.open_archive(folder / "m.skv", model=model) as arc:
+        return arc.load("s")
+
+
+def test_tokens_only_recomputes_and_a_growing_session_pays_for_new_tokens(tmp_path, tiny_lm):
+    from seqkv_cli.kvcapture.engine import run_capture
+
+    ids = _ids(48)
+    with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
+        first = arc.add("turn-1", ids[:, :32])
+        second = arc.add("turn-2", ids)
+        rows = {s.id: s for s in arc.sessions()}
+        loaded = arc.load("turn-2")
+        assert arc.tokens("turn-1") == ids[0, :32].tolist()
+        assert "turn-1" in arc and len(arc) == 2
+    assert first.kv == "recomputed" and first.max_abs_difference is None
+    assert second.new_tokens == 16 and second.added_bytes < first.added_bytes
+    assert rows["turn-2"].shared_prefix == 32 and rows["turn-2"].tokens == 48
+    canon = run_capture(tiny_lm, ids[0].tolist(), dtype="bf16")
+    for i, (k, v) in enumerate(_layers(loaded)):
+        assert torch.equal(k[0], canon.keys[i]) and torch.equal(v[0], canon.values[i])
+
+
+def test_residual_none_says_how_far_the_recompute_is(tmp_path, user_model, tiny_lm):
+    ids = _ids(24)
+    cache = _cache_of(user_model, ids, torch.bfloat16)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        report = arc.add("s", ids, cache=cache, residual="none")
+        loaded = arc.load("s")
+    assert report.kv == "recomputed" and report.max_abs_difference > 0
+    worst = max(
+        float((a - b).abs().max())
+        for (ka, va), (kb, vb) in zip(_layers(cache), _layers(loaded), strict=True)
+        for a, b in ((ka.double(), kb.double()), (va.double(), vb.double()))
+    )
+    assert worst == pytest.approx(report.max_abs_difference)
+    assert loaded.layers[0].keys.dtype == torch.bfloat16
+
+
+def test_tolerance_keeps_every_element_within_eps(tmp_path, user_model):
+    ids, eps = _ids(40), 0.05
+    cache = _cache_of(user_model, ids)
+    with seqkv.open_archive(tmp_path / "tol.skv", model=user_model) as arc:
+        report = arc.add("s", ids, cache=cache, tolerance=eps)
+        loaded = arc.load("s")
+    with seqkv.open_archive(tmp_path / "exact.skv", model=user_model) as arc:
+        exact = arc.add("s", ids, cache=cache)
+    assert report.kv == "within EPS"
+    assert report.file_bytes < exact.file_bytes
+    for (ka, va), (kb, vb) in zip(_layers(cache), _layers(loaded), strict=True):
+        assert float((ka - kb).abs().max()) <= eps and float((va - vb).abs().max()) <= eps
+
+
+def test_the_same_weights_open_the_archive_by_folder_or_object(tmp_path, user_model, tiny_lm):
+    ids = _ids(16)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        arc.add("a", ids)
+    with seqkv.open_archive(tmp_path / "m.skv", model=str(tiny_lm.folder)) as arc:
+        assert arc.tokens("a") == ids[0].tolist()
+
+
+def test_a_bf16_model_is_another_model(tmp_path, user_model, tiny_lm):
+    import copy
+
+    with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
+        arc.add("a", _ids(8))
+    half = copy.deepcopy(user_model).to(torch.bfloat16)
+    with pytest.raises(SeqkvError, match=r"holds sessions of model .*fingerprint"):
+        seqkv.open_archive(tmp_path / "m.skv", model=half)
+    assert next(half.parameters()).dtype == torch.bfloat16  # the user's object is left alone
+
+
+def test_bad_calls_get_one_line_each(tmp_path, user_model, tiny_lm):
+    ids = _ids(12)
+    arc = seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm)
+    arc.add("a", ids)
+    cases = [
+        (lambda: arc.add("a", ids), "already has a session 'a'"),
+        (lambda: arc.add("", ids), "non-empty string"),
+        (lambda: arc.add("x\ny", ids), "no control characters"),
+        (lambda: arc.add(7, ids), "non-empty string"),
+        (lambda: arc.add("b", [1, 2, 10**6]), "outside the model's vocabulary"),
+        (lambda: arc.add("b", torch.zeros(2, 5, dtype=torch.long)), r"shape \(2, 5\)"),
+        (lambda: arc.add("b", []), "empty"),
+        (lambda: arc.add("b", [0.5, 1.5]), "integer ids"),
+        (lambda: arc.add("b", ids, residual="lossy"), "residual must be one of"),
+        (lambda: arc.add("b", ids, tolerance=0.1), "tolerance needs a cache"),
+        (lambda: arc.add("b", ids, cache=object()), "transformers Cache"),
+        (lambda: arc.add("b", ids, cache=_cache_of(user_model, ids[:, :11])), "after generate"),
+        (lambda: arc.add("b", ids, cache=_cache_of(user_model, ids), tolerance=-1), "> 0"),
+        (lambda: arc.load("nope"), "has no session 'nope'"),
+        (lambda: seqkv.open_archive(tmp_path, model=tiny_lm), "is not a file"),
+        (lambda: seqkv.open_archive(tmp_path / "x.skv", model=3.5), "must be a transformers"),
+        (lambda: seqkv.open_archive(tmp_path / "y.skv", tiny_lm, codec="kivi2"), "trie codec"),
+    ]
+    for call, message in cases:
+        with pytest.raises(SeqkvError, match=message):
+            call()
+    arc.close()
+    with pytest.raises(SeqkvError, match="closed"):
+        arc.add("c", ids)
+    with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as again:
+        assert [s.id for s in again.sessions()] == ["a"]  # nothing half-added
+
+
+def test_a_flat_archive_is_refused_before_any_work(tmp_path, tiny_lm):
+    from seqkv_cli.kvcapture.capture_file import save_capture
+    from seqkv_cli.kvcapture.engine import run_capture
+
+    cap = run_capture(tiny_lm, _ids(8)[0].tolist())
+    cap.meta["session_id"] = "a"
+    save_capture(cap, tmp_path / "a.safetensors")
+    seqkv.compress(
+        tmp_path / "a.safetensors",
+        tmp_path / "flat.skv",
+        codec="seq",
+        layout="flat",
+        model=tiny_lm,
+        check=False,
+    )
+    with pytest.raises(SeqkvError, match="flat layout"):
+        seqkv.open_archive(tmp_path / "flat.skv", model=tiny_lm)
