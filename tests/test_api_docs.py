@@ -27,7 +27,7 @@ def test_every_example_runs(tmp_path, monkeypatch, embedded_lm, capsys):
     namespace: dict = {"__name__": "api_doc"}
     for number, block in enumerate(_blocks()):
         code = compile(block, f"docs/API.md block {number}", "exec")
-        exec(code, namespace)  # noqa: S102 - the project's own documentation
+        exec(code, namespace)  # the project's own documentation
     printed = capsys.readouterr().out
     assert printed.startswith("exact ")  # the first example's report line
     assert (tmp_path / "memory.skv").is_file() and (tmp_path / "notes.skv").is_file()
