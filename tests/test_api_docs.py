@@ -29,7 +29,7 @@ def test_every_example_runs(tmp_path, monkeypatch, embedded_lm, capsys):
         code = compile(block, f"docs/API.md block {number}", "exec")
         exec(code, namespace)  # the project's own documentation
     printed = capsys.readouterr().out
-    assert printed.startswith("exact ")  # the first example's report line
+    assert printed.startswith("replay ")  # the first example's report line
     assert (tmp_path / "memory.skv").is_file() and (tmp_path / "notes.skv").is_file()
     with namespace["seqkv"].open_archive("memory.skv", model=namespace["model"]) as arc:
         ids = [s.id for s in arc.sessions()]

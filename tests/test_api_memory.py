@@ -46,13 +46,73 @@ def test_users_own_cache_comes_back_bit_for_bit(tmp_path, user_model, dtype):
     ids = _ids(40)
     cache = _cache_of(user_model, ids, dtype)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
-        report = arc.add("chat-42", ids, cache=cache)
-        loaded = arc.load("chat-42")
-    assert report.kv == "exact" and report.tokens == 40 and report.new_tokens == 40
-    assert report.max_abs_difference > 0  # transformers' numerics are not the canonical ones
+        replayed = arc.add("chat-42", ids, cache=cache)  # default: replay, checked now
+        kept = arc.add("chat-43", ids, cache=cache, residual="lossless")
+        loaded, portable = arc.load("chat-42"), arc.load("chat-43")
+        canonical = arc.load("chat-42", replay=False)
+        how = {s.id: s.restore for s in arc.sessions()}
+        own = {s.id: s.bytes for s in arc.sessions()}
+    assert replayed.kv == "replay" and kept.kv == "exact" and replayed.tokens == 40
+    assert replayed.max_abs_difference > 0  # transformers' numerics are not the canonical ones
+    # a record instead of a residual: the replayed session's own bytes are its tokens
+    assert how == {"chat-42": "replay", "chat-43": "canonical + residual"}
+    assert own["chat-43"] > 4 * own["chat-42"]
     assert type(loaded).__name__ == "DynamicCache"
     _assert_same(cache, loaded)
+    _assert_same(cache, portable)
     assert loaded.get_seq_length() == 40
+    assert not torch.equal(canonical.layers[1].keys, cache.layers[1].keys)
+
+
+def test_a_generate_cache_replays_with_its_prompt_length(tmp_path, user_model):
+    prompt = _ids(12)
+    with torch.inference_mode():
+        out = user_model.generate(
+            prompt, max_new_tokens=6, do_sample=False, return_dict_in_generate=True
+        )
+    n = out.past_key_values.get_seq_length()
+    seq = out.sequences[:, :n]
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        report = arc.add("g", seq, cache=out.past_key_values, prompt_length=12)
+        loaded = arc.load("g")
+        with pytest.raises(SeqkvError, match="did not reproduce the cache"):
+            arc.add("g2", seq, cache=out.past_key_values, residual="replay", prompt_length=n)
+    assert report.kv == "replay"
+    _assert_same(out.past_key_values, loaded)
+
+
+def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    ids = _ids(24)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        arc.add("s", ids, cache=_cache_of(user_model, ids))
+    other = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with seqkv.open_archive(tmp_path / "m.skv", model=other) as arc:
+        with pytest.raises(SeqkvError, match=r"not reproduced here by replay.*attention sdpa"):
+            arc.load("s")
+        canonical = arc.load("s", replay=False)  # the portable approximation still restores
+    assert canonical.get_seq_length() == 24
+
+
+def test_replay_records_with_hostile_fields_are_refused():
+    from seqkv_cli.api.replay import read_record
+
+    good = {"version": 1, "prefill": 3, "steps": 0, "cache_dtype": "bf16", "sha256": "a" * 64}
+    assert read_record({"replay": good}) == good
+    for bad in (
+        {**good, "prefill": -1},
+        {**good, "steps": "2"},
+        {**good, "sha256": "a" * 10},
+        {**good, "cache_dtype": "int8"},
+        {**good, "version": 9},
+        "{not json",
+        [1, 2],
+    ):
+        with pytest.raises(SeqkvError, match="replay record is malformed"):
+            read_record({"replay": bad, "session_id": "x"})
 
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
@@ -167,6 +227,11 @@ def test_bad_calls_get_one_line_each(tmp_path, user_model, tiny_lm):
         (lambda: arc.add("b", []), "empty"),
         (lambda: arc.add("b", [0.5, 1.5]), "integer ids"),
         (lambda: arc.add("b", ids, residual="lossy"), "residual must be one of"),
+        (lambda: arc.add("b", ids, prompt_length=3), "prompt_length describes a cache"),
+        (
+            lambda: arc.add("b", ids, cache=_cache_of(user_model, ids), prompt_length=99),
+            "prompt_length must be in 1..12",
+        ),
         (lambda: arc.add("b", ids, tolerance=0.1), "tolerance needs a cache"),
         (lambda: arc.add("b", ids, cache=object()), "transformers Cache"),
         (lambda: arc.add("b", ids, cache=_cache_of(user_model, ids[:, :11])), "after generate"),

@@ -18,7 +18,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 
-RESIDUAL_CHOICES = ("lossless", "none")
+RESIDUAL_CHOICES = ("auto", "replay", "lossless", "none")
 MAX_ID_CHARS = 1024
 
 
@@ -29,7 +29,8 @@ class SessionInfo:
     id: str
     tokens: int
     bytes: int  # what this session adds on its own (its tokens past the shared prefix, residual)
-    shared_prefix: int  # positions it shares with sessions stored before it
+    shared_prefix: int  # positions it shares with other sessions
+    restore: str  # "replay", "canonical + residual" or "canonical" (how `load` rebuilds K/V)
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ class AddReport:
     new_tokens: int  # tokens past the longest prefix the archive already had
     added_bytes: int
     file_bytes: int
-    kv: str  # "recomputed" (tokens only), "exact" (residual: bit for bit), "within EPS"
+    kv: str  # "recomputed" (tokens only), "replay", "exact" (residual), "within EPS"
     max_abs_difference: float | None  # user's cache vs the canonical recompute (None: no cache)
+    note: str | None = None  # why replay was not used, when it was tried
 
 
 class MemoryArchive:
@@ -68,6 +70,8 @@ class MemoryArchive:
         config.setdefault("numerics", numerics or DEFAULT)
         self._coder = resolve_codec(config)
         self._lm = resolve_model(model, tokenizer=tokenizer)
+        # Replay runs the user's own object (their dtype, device, attention), not seqkv's copy.
+        self._runner = model if hasattr(model, "state_dict") else self._lm.model
         self._closed = False
         if self.path.is_file():
             self._check_existing()
@@ -84,17 +88,31 @@ class MemoryArchive:
 
     # -- reading --------------------------------------------------------------------------
     def sessions(self) -> list[SessionInfo]:
-        """Every session: id, tokens, bytes of its own, positions shared with earlier ones."""
+        """Every session: id, tokens, bytes of its own, positions shared with others, and how
+        `load` rebuilds its K/V."""
         self._open()
         if not self.path.is_file():
             return []
+        from seqkv_cli.api.replay import read_record
         from seqkv_cli.archive.summary import session_rows
+        from seqkv_cli.skv.restore import Archive
 
         rows, _ = session_rows(self.path)
-        return [
-            SessionInfo(r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]))
-            for r in rows
-        ]
+        with Archive(self.path) as arc:
+            entries = {e["id"]: e for e in arc.sessions}
+        out = []
+        for r in rows:
+            entry = entries[r["id"]]
+            if read_record({**entry.get("capture_meta", {}), "session_id": r["id"]}):
+                how = "replay"
+            else:
+                how = "canonical + residual" if entry.get("residual_bytes") else "canonical"
+            out.append(
+                SessionInfo(
+                    r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]), how
+                )
+            )
+        return out
 
     def __contains__(self, session_id: str) -> bool:
         return any(s.id == session_id for s in self.sessions())
@@ -115,16 +133,26 @@ class MemoryArchive:
     def tokens(self, session_id: str) -> list[int]:
         return self.load_capture(session_id).tokens.tolist()
 
-    def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None):
+    def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
         """The session's cache as a `DynamicCache(config=model.config)`, ready for
         `model(..., past_key_values=cache)` or `model.generate(..., past_key_values=cache)`.
 
-        K/V come back in the dtype they were added in (the user's cache's, bit for bit under
-        residual="lossless") unless `dtype` says otherwise; `device` moves them."""
+        K/V come back in the dtype they were added in (the user's cache, bit for bit, for a
+        session added with its cache) unless `dtype` says otherwise; `device` moves them. A
+        session stored for replay re-runs the model it was added with and is checked against
+        its digest; `replay=False` gives the canonical K/V instead."""
+        from seqkv_cli.api import replay as rp
         from seqkv_cli.api.caches import to_cache
 
         cap = self.load_capture(session_id)
-        return to_cache(cap.keys, cap.values, self._lm.config, dtype=dtype, device=device)
+        rec = rp.read_record(cap.meta)
+        keys, values = cap.keys, cap.values
+        if rec is not None and replay:
+            got = rp.reproduced(self._runner, cap.tokens.tolist(), rec)
+            if got is None:
+                raise SeqkvError(rp.not_reproduced_message(session_id, rec, self._runner, None))
+            keys, values = got
+        return to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
 
     # -- writing --------------------------------------------------------------------------
     def add(
@@ -133,17 +161,23 @@ class MemoryArchive:
         input_ids,
         cache=None,
         *,
-        residual: str = "lossless",
+        residual: str = "auto",
         tolerance: float | None = None,
+        prompt_length: int | None = None,
         verify: bool = False,
     ) -> AddReport:
         """Store a session: its token ids and, with `cache`, what makes `load` return it.
 
         * no `cache`: tokens only; `load` recomputes K/V canonically (bf16).
-        * `cache` (the user's own, any numerics, bf16/fp16/fp32): the residual against the
-          canonical recompute is stored, so `load` returns that cache bit for bit
-          (`residual="lossless"`), within `tolerance` of it (`tolerance=EPS`), or the
-          canonical recompute (`residual="none"`; the report says how far that is).
+        * `cache` (the user's own, any numerics, bf16/fp16/fp32), `residual=`:
+          - "auto" (default): replay if the model reproduces the cache here (re-run now and
+            checked by digest), else "lossless";
+          - "replay": a replay record only (refused if the cache is not reproduced);
+            `prompt_length` says how `generate` filled it (one prefill of the prompt, then a
+            token at a time; default: one prefill of every token);
+          - "lossless": the residual against the canonical recompute: bit for bit anywhere;
+          - `tolerance=EPS`: the residual elements above EPS only;
+          - "none": the canonical recompute (the report says how far that is).
 
         `verify` restores the whole archive's new session before returning (slow: the
         decoder steps the model once per token).
@@ -156,8 +190,12 @@ class MemoryArchive:
         ids = _token_list(input_ids, self._lm.vocab_size)
         if residual not in RESIDUAL_CHOICES:
             raise SeqkvError(f"residual must be one of {RESIDUAL_CHOICES}, not {residual!r}")
-        if tolerance is not None and residual == "none":
-            raise SeqkvError("tolerance applies to a stored residual; residual='none' keeps none")
+        if tolerance is not None and residual in ("none", "replay"):
+            raise SeqkvError(
+                f"tolerance applies to a stored residual; residual={residual!r} keeps none"
+            )
+        if tolerance is not None:
+            residual = "lossless"
         if tolerance is not None and cache is None:
             raise SeqkvError("tolerance needs a cache: without one K/V are recomputed exactly")
         if len(ids) > self._lm.max_context:
@@ -167,7 +205,7 @@ class MemoryArchive:
             )
         if self.path.is_file() and sid in {s.id for s in self.sessions()}:
             raise SeqkvError(f"{self.path} already has a session {sid!r}; ids must be unique")
-        cap, how, diff = self._capture(sid, ids, cache, residual, tolerance)
+        cap, how, diff, note = self._capture(sid, ids, cache, residual, tolerance, prompt_length)
         coder = self._coder_with(tolerance)
         source = Source.from_capture(cap, coder if tolerance is not None else None)
         if self.path.is_file():
@@ -181,7 +219,7 @@ class MemoryArchive:
             new = len(ids)
         if verify:
             self._verify(sid, cap, source.coder_for(self._coder))
-        return AddReport(sid, len(ids), new, added, file_bytes, how, diff)
+        return AddReport(sid, len(ids), new, added, file_bytes, how, diff, note)
 
     # -- internals ------------------------------------------------------------------------
     def _open(self) -> None:
@@ -214,38 +252,50 @@ class MemoryArchive:
             raise SeqkvError(f"tolerance must be a number > 0, got {tolerance!r}")
         return type(self._coder).from_config({**self._coder.get_config(), "tolerance": tolerance})
 
-    def _capture(self, sid, ids, cache, residual, tolerance):
-        """A capture to store: the canonical run's tokens/surprisal, and the K/V to keep."""
-        from seqkv_cli.api.caches import DTYPE_NAMES, cache_kv
+    def _capture(self, sid, ids, cache, residual, tolerance, prompt_length):
+        """The capture to store (the canonical run's tokens and surprisal, the K/V to keep),
+        how `load` will rebuild it, its distance from the user's cache, and a note."""
+        from seqkv_cli.api import replay as rp
+        from seqkv_cli.api.caches import DTYPE_NAMES, cache_kv, cache_layers
         from seqkv_cli.kvcapture.engine import run_capture
 
         lm = self._lm
-        dtype = "bf16"
-        user = None
-        if cache is not None:
-            shapes = {
-                "num_layers": lm.num_layers,
-                "num_kv_heads": lm.num_kv_heads,
-                "head_dim": lm.head_dim,
-            }
-            if residual == "none":  # only the dtype is kept; shapes may be partial
-                from seqkv_cli.api.caches import cache_layers
-
-                dtype = DTYPE_NAMES.get(cache_layers(cache)[0][0].dtype, "bf16")
-            else:
-                keys, values, dtype = cache_kv(cache, len(ids), shapes)
-                user = (keys, values)
+        if cache is None:
+            if prompt_length is not None:
+                raise SeqkvError("prompt_length describes a cache; none was given")
+            cap = run_capture(lm, ids, dtype="bf16", numerics=self._coder.numerics)
+            cap.meta["session_id"] = sid
+            return cap, "recomputed", None, None
+        if residual == "none":  # only the dtype is kept; the cache may be partial
+            dtype = DTYPE_NAMES.get(cache_layers(cache)[0][0].dtype, "bf16")
+            cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
+            cap.meta["session_id"] = sid
+            return cap, "recomputed", _partial_difference(cache, cap), None
+        shapes = {
+            "num_layers": lm.num_layers,
+            "num_kv_heads": lm.num_kv_heads,
+            "head_dim": lm.head_dim,
+        }
+        keys, values, dtype = cache_kv(cache, len(ids), shapes)
         cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
         cap.meta["session_id"] = sid
-        if cache is None:
-            return cap, "recomputed", None
-        diff = None
-        if user is not None:
-            diff = _max_abs_difference(cap, *user)
-            cap.keys, cap.values = user
-            cap.meta["numeric_path"] = "user-cache"
-            return cap, ("within EPS" if tolerance is not None else "exact"), diff
-        return cap, "recomputed", _partial_difference(cache, cap)
+        diff = _max_abs_difference(cap, keys, values)
+        note = None
+        if residual in ("auto", "replay"):
+            schedule = rp.Schedule.for_tokens(len(ids), prompt_length)
+            rec = rp.make_record(self._runner, schedule, dtype, rp.cache_digest(keys, values))
+            if rp.reproduced(self._runner, ids, rec) is not None:
+                cap.meta["replay"] = rec  # K/V stay canonical: the record rebuilds the cache
+                return cap, "replay", diff, None
+            note = (
+                f"replay did not reproduce the cache (schedule: {schedule.prefill} prefill + "
+                f"{schedule.steps} steps; pass prompt_length= for a generate() cache)"
+            )
+            if residual == "replay":
+                raise SeqkvError(f"session {sid!r}: {note}")
+        cap.keys, cap.values = keys, values
+        cap.meta["numeric_path"] = "user-cache"
+        return cap, ("within EPS" if tolerance is not None else "exact"), diff, note
 
     def _verify(self, sid, cap, coder) -> None:
         from seqkv_cli.skv.verify import check_restored

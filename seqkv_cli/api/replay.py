@@ -1,0 +1,151 @@
+"""Replay: a user's cache brought back by re-running the user's own model the same way.
+
+No residual against seqkv's canonical forward can be small for a cache computed in other
+numerics (a bf16 GPU cache differs from an fp32 recompute in most elements). What makes such
+a cache cheap is that it was *computed*: the same model, dtype, attention implementation,
+device and libraries, called on the same tokens with the same schedule (one prefill of p
+tokens, then single steps, as `generate` does), give the same bits. A replay record says how
+the cache was produced and holds a SHA-256 of every K/V tensor; `load` re-runs the schedule
+and accepts the result only if the digest matches, so a machine or library that does not
+reproduce it is told so in one line instead of getting a silently different cache.
+
+The record lives in the session's metadata in the archive (a few hundred bytes); the
+archive's own K/V for the session stay the canonical recompute, so any seqkv restores an
+approximation of the cache portably, and `load(..., replay=False)` gives that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+
+from seqkv_cli.errors import SeqkvError
+
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the cache was filled: one forward of `prefill` tokens, then `steps` single tokens."""
+
+    prefill: int
+    steps: int
+
+    @classmethod
+    def for_tokens(cls, n: int, prompt_length: int | None) -> Schedule:
+        if prompt_length is None:
+            return cls(n, 0)
+        if isinstance(prompt_length, bool) or not isinstance(prompt_length, int):
+            raise SeqkvError(f"prompt_length must be an int, not {prompt_length!r}")
+        if not 1 <= prompt_length <= n:
+            raise SeqkvError(
+                f"prompt_length must be in 1..{n} (the tokens added), not {prompt_length}"
+            )
+        return cls(prompt_length, n - prompt_length)
+
+
+def cache_digest(keys: list[torch.Tensor], values: list[torch.Tensor]) -> str:
+    """SHA-256 over every layer's K then V, as stored (dtype, shape and bytes)."""
+    h = hashlib.sha256()
+    for k, v in zip(keys, values, strict=True):
+        for t in (k, v):
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{t.dtype}:{tuple(t.shape)}\n".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def environment_of(model) -> dict:
+    import transformers
+
+    param = next(model.parameters())
+    return {
+        "model_dtype": str(param.dtype).removeprefix("torch."),
+        "device": param.device.type,
+        "attention": str(getattr(model.config, "_attn_implementation", None)),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def make_record(model, schedule: Schedule, dtype_name: str, digest: str) -> dict:
+    return {
+        "version": RECORD_VERSION,
+        "prefill": schedule.prefill,
+        "steps": schedule.steps,
+        "cache_dtype": dtype_name,
+        "sha256": digest,
+        **environment_of(model),
+    }
+
+
+def read_record(meta: dict) -> dict | None:
+    """The session's replay record, checked; None when it has none."""
+    raw = meta.get("replay")
+    if raw is None:
+        return None
+    try:
+        rec = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        ok = (
+            rec.get("version") == RECORD_VERSION
+            and all(isinstance(rec.get(k), int) and rec[k] >= 0 for k in ("prefill", "steps"))
+            and isinstance(rec.get("sha256"), str)
+            and len(rec["sha256"]) == 64
+            and rec.get("cache_dtype") in ("bf16", "fp16", "fp32")
+        )
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise SeqkvError(f"session {meta.get('session_id', '?')!r}: its replay record is malformed")
+    return rec
+
+
+def replay(model, token_ids: list[int], rec: dict) -> tuple[list, list]:
+    """Re-run `model` on the tokens with the recorded schedule; K/V per layer on the CPU,
+    (kv_heads, n, head_dim), in the recorded cache dtype."""
+    from transformers import DynamicCache
+
+    from seqkv_cli.api.caches import cache_layers
+    from seqkv_cli.kvcapture.capture_file import DTYPES
+    from seqkv_cli.runtime.hfcompat import cache_kwarg
+
+    n = len(token_ids)
+    if rec["prefill"] + rec["steps"] != n or rec["prefill"] < 1:
+        raise SeqkvError(
+            f"the replay record's schedule ({rec['prefill']} + {rec['steps']} tokens) does not "
+            f"cover the session's {n} tokens"
+        )
+    device = next(model.parameters()).device
+    ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    cache = DynamicCache(config=model.config)
+    name = cache_kwarg(type(model).forward)
+    with torch.inference_mode():
+        model(ids[:, : rec["prefill"]], use_cache=True, **{name: cache})
+        for i in range(rec["prefill"], n):
+            model(ids[:, i : i + 1], use_cache=True, **{name: cache})
+    dtype = DTYPES[rec["cache_dtype"]]
+    pairs = cache_layers(cache)
+    keys = [k[0].detach().to("cpu", dtype).contiguous() for k, _ in pairs]
+    values = [v[0].detach().to("cpu", dtype).contiguous() for _, v in pairs]
+    return keys, values
+
+
+def reproduced(model, token_ids: list[int], rec: dict) -> tuple[list, list] | None:
+    """The replayed K/V when their digest is the recorded one, else None."""
+    keys, values = replay(model, token_ids, rec)
+    return (keys, values) if cache_digest(keys, values) == rec["sha256"] else None
+
+
+def not_reproduced_message(session_id: str, rec: dict, model, worst: float | None) -> str:
+    here = environment_of(model)
+    differs = [f"{k} {rec.get(k)} -> {here[k]}" for k in here if str(rec.get(k)) != str(here[k])]
+    why = "; ".join(differs) if differs else "same software and device: another machine class"
+    distance = f" (max difference {worst:.3g} from the canonical K/V)" if worst is not None else ""
+    return (
+        f"session {session_id!r}: its cache is not reproduced here by replay{distance}: {why}; "
+        "load(..., replay=False) gives the canonical K/V, or add it again with "
+        "residual='lossless' for a copy that restores anywhere"
+    )
