@@ -10,6 +10,7 @@ from seqkv_cli.version import __version__
 __all__ = [
     "SeqkvError",
     "__version__",
+    "build_report",
     "capture",
     "compress",
     "embedded_model_folder",
@@ -57,6 +58,15 @@ def to_dynamic_cache(capture_obj, dtype=None):
     from seqkv_cli.kvcapture.capture_file import to_dynamic_cache as _to_cache
 
     return _to_cache(capture_obj) if dtype is None else _to_cache(capture_obj, dtype)
+
+
+def build_report(inputs, **options):
+    """`seqkv report` as a function: a Report whose `rows` hold bits/position, log2 PP,
+    exactness and costs per session and codec. Options as `seqkv_cli.report.collect.report`
+    (codecs, model, verify, continuation, window)."""
+    from seqkv_cli.report.collect import report as _report
+
+    return _report(inputs, **options)
 
 
 def embedded_model_folder():

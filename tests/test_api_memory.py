@@ -81,6 +81,42 @@ def test_a_generate_cache_replays_with_its_prompt_length(tmp_path, user_model):
     _assert_same(out.past_key_values, loaded)
 
 
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_an_agent_turn_continued_from_a_loaded_cache_replays_with_its_schedule(
+    tmp_path, user_model
+):
+    prompt, follow_up = _ids(10), _ids(4, seed=3)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        with torch.inference_mode():
+            out = user_model.generate(
+                prompt, max_new_tokens=5, do_sample=False, return_dict_in_generate=True
+            )
+        n1 = out.past_key_values.get_seq_length()
+        arc.add("turn-1", out.sequences[:, :n1], cache=out.past_key_values, prompt_length=10)
+        cache = arc.load("turn-1")  # after a restart: the agent's cache, bit for bit
+        ids = torch.cat([out.sequences, follow_up], 1)  # the whole conversation so far
+        with torch.inference_mode():
+            out2 = user_model.generate(
+                ids,
+                past_key_values=cache,
+                max_new_tokens=5,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
+        n2 = out2.past_key_values.get_seq_length()
+        schedule = arc.schedule("turn-1") + [ids.shape[1] - n1] + [1] * (n2 - ids.shape[1])
+        report = arc.add(
+            "turn-2",
+            out2.sequences[:, :n2],
+            cache=out2.past_key_values,
+            schedule=schedule,
+            residual="replay",
+        )
+        _assert_same(out2.past_key_values, arc.load("turn-2"))
+        assert arc.schedule("turn-2") == schedule and arc.schedule("turn-1") == [10, 1, 1, 1, 1]
+    assert report.kv == "replay" and report.new_tokens == n2 - n1
+
+
 def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -100,11 +136,15 @@ def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny
 def test_replay_records_with_hostile_fields_are_refused():
     from seqkv_cli.api.replay import read_record
 
-    good = {"version": 1, "prefill": 3, "steps": 0, "cache_dtype": "bf16", "sha256": "a" * 64}
+    good = {"version": 1, "calls": [[3, 1], [1, 4]], "cache_dtype": "bf16", "sha256": "a" * 64}
     assert read_record({"replay": good}) == good
     for bad in (
-        {**good, "prefill": -1},
-        {**good, "steps": "2"},
+        {**good, "calls": [[3, 0]]},
+        {**good, "calls": [[3, 1, 2]]},
+        {**good, "calls": [[True, 1]]},
+        {**good, "calls": []},
+        {**good, "calls": [[1, 1]] * 5000},
+        {**good, "calls": "3"},
         {**good, "sha256": "a" * 10},
         {**good, "cache_dtype": "int8"},
         {**good, "version": 9},
@@ -227,7 +267,15 @@ def test_bad_calls_get_one_line_each(tmp_path, user_model, tiny_lm):
         (lambda: arc.add("b", []), "empty"),
         (lambda: arc.add("b", [0.5, 1.5]), "integer ids"),
         (lambda: arc.add("b", ids, residual="lossy"), "residual must be one of"),
-        (lambda: arc.add("b", ids, prompt_length=3), "prompt_length describes a cache"),
+        (lambda: arc.add("b", ids, prompt_length=3), "describe a cache"),
+        (
+            lambda: arc.add("b", ids, cache=_cache_of(user_model, ids), schedule=[5, 5]),
+            "schedule covers 10 tokens; the session has 12",
+        ),
+        (
+            lambda: arc.add("b", ids, cache=_cache_of(user_model, ids), schedule=[12, 0]),
+            "positive token counts",
+        ),
         (
             lambda: arc.add("b", ids, cache=_cache_of(user_model, ids), prompt_length=99),
             "prompt_length must be in 1..12",

@@ -133,6 +133,15 @@ class MemoryArchive:
     def tokens(self, session_id: str) -> list[int]:
         return self.load_capture(session_id).tokens.tolist()
 
+    def schedule(self, session_id: str) -> list[int] | None:
+        """The forward calls (token counts) that filled a replayed session's cache; None for
+        a session without a replay record. A cache continued from `load(session_id)` was
+        filled by this schedule plus the continuation's calls."""
+        from seqkv_cli.api.replay import Schedule, read_record
+
+        rec = read_record(self.load_capture(session_id).meta)
+        return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
+
     def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
         """The session's cache as a `DynamicCache(config=model.config)`, ready for
         `model(..., past_key_values=cache)` or `model.generate(..., past_key_values=cache)`.
@@ -164,6 +173,7 @@ class MemoryArchive:
         residual: str = "auto",
         tolerance: float | None = None,
         prompt_length: int | None = None,
+        schedule: list[int] | None = None,
         verify: bool = False,
     ) -> AddReport:
         """Store a session: its token ids and, with `cache`, what makes `load` return it.
@@ -174,7 +184,9 @@ class MemoryArchive:
             checked by digest), else "lossless";
           - "replay": a replay record only (refused if the cache is not reproduced);
             `prompt_length` says how `generate` filled it (one prefill of the prompt, then a
-            token at a time; default: one prefill of every token);
+            token at a time), `schedule` gives every forward call's token count (a cache
+            continued from `load`: `arc.schedule(old) + [new prompt tokens, 1, 1, ...]`);
+            default: one prefill of every token;
           - "lossless": the residual against the canonical recompute: bit for bit anywhere;
           - `tolerance=EPS`: the residual elements above EPS only;
           - "none": the canonical recompute (the report says how far that is).
@@ -205,7 +217,9 @@ class MemoryArchive:
             )
         if self.path.is_file() and sid in {s.id for s in self.sessions()}:
             raise SeqkvError(f"{self.path} already has a session {sid!r}; ids must be unique")
-        cap, how, diff, note = self._capture(sid, ids, cache, residual, tolerance, prompt_length)
+        cap, how, diff, note = self._capture(
+            sid, ids, cache, residual, tolerance, (prompt_length, schedule)
+        )
         coder = self._coder_with(tolerance)
         source = Source.from_capture(cap, coder if tolerance is not None else None)
         if self.path.is_file():
@@ -252,7 +266,7 @@ class MemoryArchive:
             raise SeqkvError(f"tolerance must be a number > 0, got {tolerance!r}")
         return type(self._coder).from_config({**self._coder.get_config(), "tolerance": tolerance})
 
-    def _capture(self, sid, ids, cache, residual, tolerance, prompt_length):
+    def _capture(self, sid, ids, cache, residual, tolerance, how_filled):
         """The capture to store (the canonical run's tokens and surprisal, the K/V to keep),
         how `load` will rebuild it, its distance from the user's cache, and a note."""
         from seqkv_cli.api import replay as rp
@@ -261,8 +275,8 @@ class MemoryArchive:
 
         lm = self._lm
         if cache is None:
-            if prompt_length is not None:
-                raise SeqkvError("prompt_length describes a cache; none was given")
+            if how_filled != (None, None):
+                raise SeqkvError("prompt_length and schedule describe a cache; none was given")
             cap = run_capture(lm, ids, dtype="bf16", numerics=self._coder.numerics)
             cap.meta["session_id"] = sid
             return cap, "recomputed", None, None
@@ -282,14 +296,15 @@ class MemoryArchive:
         diff = _max_abs_difference(cap, keys, values)
         note = None
         if residual in ("auto", "replay"):
-            schedule = rp.Schedule.for_tokens(len(ids), prompt_length)
+            schedule = rp.Schedule.for_tokens(len(ids), *how_filled)
             rec = rp.make_record(self._runner, schedule, dtype, rp.cache_digest(keys, values))
             if rp.reproduced(self._runner, ids, rec) is not None:
                 cap.meta["replay"] = rec  # K/V stay canonical: the record rebuilds the cache
                 return cap, "replay", diff, None
             note = (
-                f"replay did not reproduce the cache (schedule: {schedule.prefill} prefill + "
-                f"{schedule.steps} steps; pass prompt_length= for a generate() cache)"
+                f"replay did not reproduce the cache (schedule of {len(schedule.calls)} "
+                "forward calls; pass prompt_length= for a generate() cache, schedule= for one "
+                "continued from a loaded cache)"
             )
             if residual == "replay":
                 raise SeqkvError(f"session {sid!r}: {note}")

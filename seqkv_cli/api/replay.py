@@ -27,24 +27,57 @@ from seqkv_cli.errors import SeqkvError
 RECORD_VERSION = 1
 
 
+MAX_RUNS = 4096  # run-length pairs in one record (an agent turn adds two or three)
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """How the cache was filled: one forward of `prefill` tokens, then `steps` single tokens."""
+    """The forward calls that filled the cache, as token counts in order: `generate` on a
+    prompt of p tokens is (p, 1, 1, ...); continuing a loaded cache appends (q, 1, 1, ...)."""
 
-    prefill: int
-    steps: int
+    calls: tuple[int, ...]
 
     @classmethod
-    def for_tokens(cls, n: int, prompt_length: int | None) -> Schedule:
+    def for_tokens(cls, n: int, prompt_length=None, schedule=None) -> Schedule:
+        if prompt_length is not None and schedule is not None:
+            raise SeqkvError("give prompt_length or schedule, not both")
+        if schedule is not None:
+            calls = list(schedule)
+            if not calls or any(
+                isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in calls
+            ):
+                raise SeqkvError(
+                    "schedule must be a list of positive token counts, one per forward"
+                )
+            if sum(calls) != n:
+                raise SeqkvError(f"schedule covers {sum(calls)} tokens; the session has {n}")
+            return cls(tuple(calls))
         if prompt_length is None:
-            return cls(n, 0)
+            return cls((n,))
         if isinstance(prompt_length, bool) or not isinstance(prompt_length, int):
             raise SeqkvError(f"prompt_length must be an int, not {prompt_length!r}")
         if not 1 <= prompt_length <= n:
             raise SeqkvError(
                 f"prompt_length must be in 1..{n} (the tokens added), not {prompt_length}"
             )
-        return cls(prompt_length, n - prompt_length)
+        return cls((prompt_length,) + (1,) * (n - prompt_length))
+
+    def runs(self) -> list[list[int]]:
+        """Run-length form for the record: [[tokens per call, calls], ...]."""
+        out: list[list[int]] = []
+        for c in self.calls:
+            if out and out[-1][0] == c:
+                out[-1][1] += 1
+            else:
+                out.append([c, 1])
+        return out
+
+    @classmethod
+    def from_runs(cls, runs) -> Schedule:
+        calls: list[int] = []
+        for length, count in runs:
+            calls.extend([length] * count)
+        return cls(tuple(calls))
 
 
 def cache_digest(keys: list[torch.Tensor], values: list[torch.Tensor]) -> str:
@@ -74,8 +107,7 @@ def environment_of(model) -> dict:
 def make_record(model, schedule: Schedule, dtype_name: str, digest: str) -> dict:
     return {
         "version": RECORD_VERSION,
-        "prefill": schedule.prefill,
-        "steps": schedule.steps,
+        "calls": schedule.runs(),
         "cache_dtype": dtype_name,
         "sha256": digest,
         **environment_of(model),
@@ -89,9 +121,17 @@ def read_record(meta: dict) -> dict | None:
         return None
     try:
         rec = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        runs = rec.get("calls")
         ok = (
             rec.get("version") == RECORD_VERSION
-            and all(isinstance(rec.get(k), int) and rec[k] >= 0 for k in ("prefill", "steps"))
+            and isinstance(runs, list)
+            and 0 < len(runs) <= MAX_RUNS
+            and all(
+                isinstance(r, list)
+                and len(r) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in r)
+                for r in runs
+            )
             and isinstance(rec.get("sha256"), str)
             and len(rec["sha256"]) == 64
             and rec.get("cache_dtype") in ("bf16", "fp16", "fp32")
@@ -113,19 +153,21 @@ def replay(model, token_ids: list[int], rec: dict) -> tuple[list, list]:
     from seqkv_cli.runtime.hfcompat import cache_kwarg
 
     n = len(token_ids)
-    if rec["prefill"] + rec["steps"] != n or rec["prefill"] < 1:
+    covered = sum(length * count for length, count in rec["calls"])
+    if covered != n:
         raise SeqkvError(
-            f"the replay record's schedule ({rec['prefill']} + {rec['steps']} tokens) does not "
-            f"cover the session's {n} tokens"
+            f"the replay record's schedule covers {covered} tokens; the session has {n}"
         )
+    calls = Schedule.from_runs(rec["calls"]).calls
     device = next(model.parameters()).device
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     cache = DynamicCache(config=model.config)
     name = cache_kwarg(type(model).forward)
     with torch.inference_mode():
-        model(ids[:, : rec["prefill"]], use_cache=True, **{name: cache})
-        for i in range(rec["prefill"], n):
-            model(ids[:, i : i + 1], use_cache=True, **{name: cache})
+        start = 0
+        for length in calls:
+            model(ids[:, start : start + length], use_cache=True, **{name: cache})
+            start += length
     dtype = DTYPES[rec["cache_dtype"]]
     pairs = cache_layers(cache)
     keys = [k[0].detach().to("cpu", dtype).contiguous() for k, _ in pairs]

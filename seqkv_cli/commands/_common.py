@@ -13,8 +13,19 @@ from rich.markup import escape
 from seqkv_cli.errors import SeqkvError
 from seqkv_codecs.errors import CodecError
 
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 1000  # no terminal to fit: tables as wide as their content, every number whole
+
+
+def _width(stream) -> int | None:
+    """Rich's own detection in a terminal or under COLUMNS; piped output (CI logs, files)
+    would otherwise be cut to 80 columns ("agent…", "184,3…")."""
+    if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return PIPE_WIDTH
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def handle_errors(func):
@@ -24,6 +35,10 @@ def handle_errors(func):
     def wrapper(*args, **kwargs):
         quiet_libraries()
         try:
+            if "threads" in kwargs:  # every model-running command takes --threads
+                from seqkv_cli.runtime.threads import use_threads
+
+                use_threads(kwargs["threads"])
             return func(*args, **kwargs)
         except (SeqkvError, CodecError) as exc:
             err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)

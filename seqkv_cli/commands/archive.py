@@ -15,7 +15,7 @@ from seqkv_cli.commands._common import (
     human_bytes,
     shown,
 )
-from seqkv_cli.commands.capture import ModelOption
+from seqkv_cli.commands.capture import ModelOption, ThreadsOption
 from seqkv_cli.errors import SeqkvError
 
 archive_app = typer.Typer(
@@ -35,6 +35,7 @@ def add_command(
     archive: ArchiveArg,
     captures: Annotated[list[Path], typer.Argument(help="Capture files to append.")],
     model: ModelOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Append sessions; only tokens no earlier session has at the same prefix are coded."""
     from seqkv_cli.archive.append import add_captures
@@ -76,6 +77,7 @@ def extract_command(
     session_id: Annotated[str, typer.Argument(help="The session id.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Capture file to write.")],
     model: ModelOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Restore one session (only the nodes on its path are decoded) as a capture file."""
     from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
@@ -101,6 +103,7 @@ def extract_command(
 def compact_command(
     archive: ArchiveArg,
     model: ModelOption = None,
+    threads: ThreadsOption = None,
     near_dup: Annotated[
         bool, typer.Option("--near-dup", help="Store near-duplicate sessions as edits.")
     ] = False,
@@ -124,6 +127,7 @@ def resume_command(
     prompt: Annotated[str, typer.Option(help="Text appended after the session.")] = "",
     max_new_tokens: Annotated[int, typer.Option(min=1, max=4096)] = 64,
     model: ModelOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Restore a session into a transformers cache and continue it greedily."""
     from seqkv_cli.archive.resume import continue_from

@@ -22,6 +22,15 @@ ModelOption = Annotated[
     str | None,
     typer.Option("--model", "-m", help="Model folder, .gguf file or hub id (default: embedded)."),
 ]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        metavar="N",
+        help="CPU threads for the model (default: the cores not busy with other processes; "
+        "the portable path gives the same bits with any N).",
+    ),
+]
 NumericsOption = Annotated[
     str,
     typer.Option(
@@ -59,6 +68,7 @@ def capture_command(
         ),
     ] = Path("captures"),
     model: ModelOption = None,
+    threads: ThreadsOption = None,
     dtype: Annotated[str, typer.Option(help="K/V dtype to store: bf16, fp16 or fp32.")] = "bf16",
     canonical: Annotated[
         bool,

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import ModelOption, NumericsOption, token_progress
+from seqkv_cli.commands.capture import ModelOption, NumericsOption, ThreadsOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
 
@@ -19,6 +19,7 @@ def compress_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="The .skv file to write.")],
     codec: Annotated[str, typer.Option(help="Codec id; `seqkv codecs` lists them.")] = "seq",
     model: ModelOption = None,
+    threads: ThreadsOption = None,
     residual: Annotated[
         str,
         typer.Option(
@@ -112,6 +113,7 @@ def decompress_command(
     archive: Annotated[Path, typer.Argument(help="The .skv file.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for capture files.")],
     model: ModelOption = None,
+    threads: ThreadsOption = None,
     session: Annotated[
         list[str] | None, typer.Option("--session", help="Only this session id (repeatable).")
     ] = None,

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import ModelOption
+from seqkv_cli.commands.capture import ModelOption, ThreadsOption
 from seqkv_cli.errors import SeqkvError
 
 
@@ -82,6 +82,7 @@ def verify_command(
     ] = None,
     per_layer: Annotated[bool, typer.Option(help="Show every layer's errors.")] = False,
     model: ModelOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Check every checksum and decode every block; with --against, measure fidelity."""
     from seqkv_cli.kvcapture.capture_file import load_capture

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from seqkv_cli.commands._common import console, handle_errors, say
+from seqkv_cli.commands.capture import ThreadsOption
 from seqkv_cli.errors import SeqkvError
 
 
@@ -33,6 +34,7 @@ def report_command(
             "capture names).",
         ),
     ] = None,
+    threads: ThreadsOption = None,
     verify: Annotated[
         bool,
         typer.Option(help="Decode every row and compare it with its capture (slow for seq)."),
@@ -82,13 +84,14 @@ def report_command(
     """
     from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
     from seqkv_cli.report import outputs
-    from seqkv_cli.report.collect import ReportOptions, build_report, check_codecs
+    from seqkv_cli.report.collect import check_codecs
+    from seqkv_cli.report.collect import report as build
     from seqkv_cli.report.gate import Thresholds, check, summary
     from seqkv_cli.report.table import session_table, summary_table
 
     limits = Thresholds(max_bits_per_position, max_gap, require_exact)
     names = [c.strip() for c in codecs.split(",") if c.strip()] if codecs is not None else None
-    if names is not None:
+    if names is not None:  # checked before any output file is looked at
         if not names:
             raise SeqkvError("--codecs is empty; name at least one codec (`seqkv codecs`)")
         check_codecs(names)
@@ -105,8 +108,15 @@ def report_command(
             refuse_output_in_inputs(path, read, option)
     if plots is not None:
         ensure_writable_dir(plots)
-    options = ReportOptions(names, model, verify, continuation, window)
-    report = build_report(list(inputs), options, progress=say)
+    report = build(
+        list(inputs),
+        codecs=names,
+        model=model,
+        verify=verify,
+        continuation=continuation,
+        window=window,
+        progress=say,
+    )
     for note in report.notes:
         say(f"note: {note}")
     if not report.rows:

@@ -55,6 +55,31 @@ def check_codecs(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def report(
+    inputs,
+    *,
+    codecs: list[str] | None = None,
+    model: str | None = None,
+    verify: bool = True,
+    continuation: int = 0,
+    window: int = 64,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """`seqkv report` as a function: rows (bits/position, log2 PP, exactness, ...) for capture
+    files, `.skv` files and folders of them; `codecs` None reports the default baselines."""
+    if codecs is not None:
+        if not codecs:
+            raise SeqkvError("--codecs is empty; name at least one codec (`seqkv codecs`)")
+        check_codecs(codecs)
+    if continuation < 0 or window < 1:
+        raise SeqkvError(
+            f"--continuation must be >= 0 and --window >= 1, got {continuation}, {window}"
+        )
+    paths = [Path(inputs)] if isinstance(inputs, str | Path) else [Path(p) for p in inputs]
+    options = ReportOptions(codecs, model, verify, continuation, window)
+    return build_report(paths, options, progress)
+
+
 def build_report(
     inputs: list[Path], options: ReportOptions, progress: Callable[[str], None] | None = None
 ) -> Report:
