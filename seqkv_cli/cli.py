@@ -55,4 +55,7 @@ app.command("resume")(resume_command)
 
 
 def main() -> None:
+    from seqkv_cli.runtime.threads import yield_when_idle
+
+    yield_when_idle()  # before torch loads its OpenMP runtime
     app()

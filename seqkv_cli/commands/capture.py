@@ -6,8 +6,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from seqkv_cli.commands._common import (
     console,
@@ -27,8 +35,8 @@ ThreadsOption = Annotated[
     typer.Option(
         "--threads",
         metavar="N",
-        help="CPU threads for the model (default: the cores not busy with other processes; "
-        "the portable path gives the same bits with any N).",
+        help="CPU threads for the model (default: one per core; idle threads yield to other "
+        "processes). The portable path gives the same bits with any N.",
     ),
 ]
 NumericsOption = Annotated[
@@ -40,12 +48,23 @@ NumericsOption = Annotated[
 ]
 
 
+class TokensPerSecond(ProgressColumn):
+    """The measured rate: a slow or busy machine shows itself while the job runs."""
+
+    def render(self, task) -> Text:
+        return Text(
+            f"{task.speed:,.1f} tokens/s" if task.speed else "", style="progress.data.speed"
+        )
+
+
 def token_progress() -> Progress:
+    """Tokens done, tokens/s (a slow or busy machine shows itself) and time left."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("tokens"),
+        TokensPerSecond(),
         TimeRemainingColumn(),
         console=err_console,
         transient=True,

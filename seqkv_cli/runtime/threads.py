@@ -1,9 +1,14 @@
-"""How many threads torch's CPU kernels use: `--threads N`, or the cores actually free.
+"""How torch's CPU threads behave: they yield the core when idle, and `--threads N` sets them.
 
-On a shared machine the default (one thread per core) collapses: intra-op threads that wait
-for a core held by another process stall every kernel of the step (measured: two restores
-on 2 cores 4.7x slower than one, a restore next to busy processes 24x). The portable path's
-bits never depend on the thread count (docs/NUMERICS.md), so picking fewer is always safe.
+OpenMP's default wait policy spins a thread that waits for its siblings; on a shared machine
+those spinning threads take the cores the working ones need, and every kernel of a model step
+stalls. Measured on the 2-core development VM (`bench/contention.py`, a 120-token `seq`
+archive; docs/BENCHMARKS.md "Threads under contention"): with OpenMP's default waits two
+decompressions at once took 2.63x one alone and a compress + verify next to a busy process
+1.83x; with ``OMP_WAIT_POLICY=PASSIVE`` 1.15x and 0.94x, and alone it was not slower.
+So the `seqkv` command sets it (a user's own setting wins), and the thread count stays one
+per usable core unless `--threads` says otherwise. The portable path's bits never depend
+on the thread count (docs/NUMERICS.md).
 """
 
 from __future__ import annotations
@@ -11,6 +16,12 @@ from __future__ import annotations
 import os
 
 from seqkv_cli.errors import SeqkvError
+
+
+def yield_when_idle() -> None:
+    """Waiting OpenMP threads sleep instead of spinning; must run before torch is imported
+    (the runtime reads it once). Library users set OMP_WAIT_POLICY themselves."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def usable_cores() -> int:
@@ -21,24 +32,12 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def free_cores(cores: int | None = None, load: float | None = None) -> int:
-    """Usable cores minus the runnable load of other processes (1-minute average, rounded
-    down, at least one core left): a busy neighbour gets its cores, a quiet machine all."""
-    cores = usable_cores() if cores is None else cores
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            return cores
-    return max(1, min(cores, cores - int(load)))
-
-
 def use_threads(requested: int | None) -> int:
-    """Set torch's intra-op threads: `requested`, or the free cores when None. Returns it."""
+    """Set torch's intra-op threads to `requested` (None: torch's default, one per core)."""
     if requested is not None and (isinstance(requested, bool) or requested < 1):
         raise SeqkvError(f"--threads must be at least 1, got {requested}")
     import torch
 
-    n = requested if requested is not None else free_cores()
-    torch.set_num_threads(n)
-    return n
+    if requested is not None:
+        torch.set_num_threads(requested)
+    return torch.get_num_threads()

@@ -1,0 +1,153 @@
+"""Restore and compress on a shared machine: OpenMP's wait policy, measured with neighbours.
+
+Every case runs the `seqkv` command itself (a fresh process, as a user runs it) on one
+N-token `seq` archive of sample_data/prose.txt: alone; two decompressions started together;
+one next to a busy CPU process (a pure-Python loop, like a browser tab at full tilt); and
+`compress` with its default verify, quiet and next to the busy process. Each case twice:
+as before (the Typer app run directly, OMP_WAIT_POLICY unset: OpenMP's default spin-then-
+sleep waits) and as the `seqkv` command runs now (it sets OMP_WAIT_POLICY=PASSIVE). Run it
+alone on the machine.
+
+    python bench/contention.py --tokens 120 --append docs/BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import SAMPLE, append_markdown, command_line, environment, write_json
+
+SEQKV = str(Path(sys.executable).with_name("seqkv"))  # sets OMP_WAIT_POLICY=PASSIVE
+BEFORE = [sys.executable, "-c", "from seqkv_cli.cli import app; app()"]  # leaves it unset
+POLICIES = {"before": BEFORE, "now": [SEQKV]}
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+
+def _timed_together(commands: list[list[str]], env: dict, busy: bool) -> list[float]:
+    """Start `commands` at once (next to a busy process if asked); each one's wall seconds."""
+    neighbour = subprocess.Popen(BUSY) if busy else None
+    try:
+        if neighbour:
+            time.sleep(1.0)  # the neighbour is running before the measured commands start
+        start = time.perf_counter()
+        procs = [
+            subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for c in commands
+        ]
+        out = []
+        for p in procs:
+            _, err = p.communicate()
+            if p.returncode != 0:
+                raise SystemExit(f"{' '.join(p.args)} failed: {err.decode()[-500:]}")
+            out.append(time.perf_counter() - start)
+        return out
+    finally:
+        if neighbour:
+            neighbour.kill()
+            neighbour.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=120)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--append", type=Path)
+    args = parser.parse_args()
+
+    import seqkv_cli as seqkv
+    from seqkv_cli.runtime.loading import load_model
+
+    lm = load_model()
+    ids = lm.tokenizer((SAMPLE / "prose.txt").read_text())["input_ids"][: args.tokens]
+    folder = Path(tempfile.mkdtemp(prefix="seqkv-contention-"))
+    try:
+        archive = folder / "s.skv"
+        with seqkv.open_archive(archive, model=lm) as arc:
+            arc.add("prose", ids)
+        caps = seqkv.capture(
+            [str(SAMPLE / "prose.txt")], model=lm, out=folder / "caps", max_tokens=args.tokens
+        )
+        cap = str(caps[0].path)
+
+        rows = []
+        env = _env()
+        for policy, seqkv_cmd in POLICIES.items():
+
+            def decompress(k: int, cmd=seqkv_cmd) -> list[str]:
+                return [*cmd, "decompress", str(archive), "-o", str(folder / f"out-{k}")]
+
+            def compress(k: int, cmd=seqkv_cmd) -> list[str]:
+                return [*cmd, "compress", cap, "-o", str(folder / f"c-{k}.skv"), "--codec", "seq"]
+
+            cases = {
+                "decompress alone": ([decompress(0)], False),
+                "two decompress together": ([decompress(1), decompress(2)], False),
+                "decompress next to a busy process": ([decompress(3)], True),
+                "compress + verify alone": ([compress(0)], False),
+                "compress + verify next to a busy process": ([compress(1)], True),
+            }
+            for name, (commands, busy) in cases.items():
+                seconds = _timed_together(commands, env, busy)
+                for path in folder.glob("out-*"):
+                    shutil.rmtree(path)
+                for path in folder.glob("c-*.skv"):
+                    path.unlink()
+                rows.append(
+                    {"policy": policy, "case": name, "seconds": [round(s, 1) for s in seconds]}
+                )
+                print(rows[-1], flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    result = {
+        "environment": environment(lm),
+        "command": command_line(),
+        "tokens": args.tokens,
+        "rows": rows,
+    }
+    table = markdown(result)
+    print(table)
+    if args.json:
+        write_json(args.json, result)
+    if args.append:
+        append_markdown(args.append, table)
+
+
+def markdown(result: dict) -> str:
+    env = result["environment"]
+    by = {(r["policy"], r["case"]): max(r["seconds"]) for r in result["rows"]}
+    lines = [
+        "### Threads under contention (`bench/contention.py`)",
+        "",
+        f"Machine: {env.get('cpu', '?')}, {env.get('cores', '?')} cores, torch "
+        f"{env.get('torch', '?')}; nothing else running. {result['tokens']}-token `seq` archive "
+        f"of prose.txt. Command: `{result['command']}`",
+        "",
+        "| case | before (OpenMP default waits) | vs alone | now (`seqkv`: PASSIVE) | vs alone |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for case in dict.fromkeys(r["case"] for r in result["rows"]):
+        base = "compress + verify alone" if case.startswith("compress") else "decompress alone"
+        cells = []
+        for policy in POLICIES:
+            s = by[(policy, case)]
+            cells += [f"{s:.1f} s", f"{s / by[(policy, base)]:.2f}"]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    lines += ["", "Two at once: the slower of the two; vs alone is against the same policy.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
