@@ -137,8 +137,11 @@ def test_replay_records_with_hostile_fields_are_refused():
     from seqkv_cli.api.replay import read_record
 
     good = {"version": 1, "calls": [[3, 1], [1, 4]], "cache_dtype": "bf16", "sha256": "a" * 64}
-    assert read_record({"replay": good}) == good
+    assert read_record({"replay": good}, 7) == good
+    assert read_record({}, 7) is None
     for bad in (
+        good,  # covers 7 positions, not 8
+        {**good, "calls": [[1, 10**12]]},  # refused by its sum, before anything is expanded
         {**good, "calls": [[3, 0]]},
         {**good, "calls": [[3, 1, 2]]},
         {**good, "calls": [[True, 1]]},
@@ -152,7 +155,7 @@ def test_replay_records_with_hostile_fields_are_refused():
         [1, 2],
     ):
         with pytest.raises(SeqkvError, match="replay record is malformed"):
-            read_record({"replay": bad, "session_id": "x"})
+            read_record({"replay": bad, "session_id": "x"}, 8 if bad is good else 7)
 
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")

@@ -103,7 +103,8 @@ class MemoryArchive:
         out = []
         for r in rows:
             entry = entries[r["id"]]
-            if read_record({**entry.get("capture_meta", {}), "session_id": r["id"]}):
+            meta = {**entry.get("capture_meta", {}), "session_id": r["id"]}
+            if read_record(meta, int(entry["positions"])):
                 how = "replay"
             else:
                 how = "canonical + residual" if entry.get("residual_bytes") else "canonical"
@@ -139,7 +140,8 @@ class MemoryArchive:
         filled by this schedule plus the continuation's calls."""
         from seqkv_cli.api.replay import Schedule, read_record
 
-        rec = read_record(self.load_capture(session_id).meta)
+        cap = self.load_capture(session_id)
+        rec = read_record(cap.meta, cap.positions)
         return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
 
     def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
@@ -154,7 +156,7 @@ class MemoryArchive:
         from seqkv_cli.api.caches import to_cache
 
         cap = self.load_capture(session_id)
-        rec = rp.read_record(cap.meta)
+        rec = rp.read_record(cap.meta, cap.positions)
         keys, values = cap.keys, cap.values
         if rec is not None and replay:
             got = rp.reproduced(self._runner, cap.tokens.tolist(), rec)

@@ -114,8 +114,10 @@ def make_record(model, schedule: Schedule, dtype_name: str, digest: str) -> dict
     }
 
 
-def read_record(meta: dict) -> dict | None:
-    """The session's replay record, checked; None when it has none."""
+def read_record(meta: dict, positions: int) -> dict | None:
+    """The session's replay record, checked (its calls must cover exactly the session's
+    `positions`, so a crafted record cannot ask for more work than the session has); None
+    when it has none."""
     raw = meta.get("replay")
     if raw is None:
         return None
@@ -135,6 +137,7 @@ def read_record(meta: dict) -> dict | None:
             and isinstance(rec.get("sha256"), str)
             and len(rec["sha256"]) == 64
             and rec.get("cache_dtype") in ("bf16", "fp16", "fp32")
+            and sum(length * count for length, count in runs) == positions
         )
     except (TypeError, ValueError):
         ok = False
