@@ -319,3 +319,60 @@ def test_a_flat_archive_is_refused_before_any_work(tmp_path, tiny_lm):
     )
     with pytest.raises(SeqkvError, match="flat layout"):
         seqkv.open_archive(tmp_path / "flat.skv", model=tiny_lm)
+
+
+def test_crafted_replay_records_fail_alone_and_in_one_line(tmp_path, tiny_lm):
+    from seqkv_cli.api.replay import read_record
+    from seqkv_cli.kvcapture.engine import run_capture
+    from seqkv_cli.sequential.registry import resolve_codec
+    from seqkv_cli.skv.compress_trie import compress_sources
+    from seqkv_cli.trie.sources import Source
+
+    for raw in ("[1]", "null", "[" * 5000 + "]" * 5000, 7):
+        with pytest.raises(SeqkvError, match="replay record is malformed"):
+            read_record({"replay": raw}, 3)
+    caps = []
+    for sid, record in (("good", None), ("bad", {"version": 1, "calls": [[1, 10**12]]})):
+        cap = run_capture(tiny_lm, _ids(10, seed=len(caps))[0].tolist())
+        cap.meta["session_id"] = sid
+        if record:
+            cap.meta["replay"] = {**record, "cache_dtype": "bf16", "sha256": "0" * 64}
+        caps.append(Source.from_capture(cap))
+    compress_sources(caps, tmp_path / "m.skv", resolve_codec("seq"), False, tiny_lm, None)
+    with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
+        how = {s.id: s.restore for s in arc.sessions()}  # one bad session hides no other
+        assert how == {"good": "canonical", "bad": "malformed replay record"}
+        with pytest.raises(SeqkvError, match="'bad': its replay record is malformed"):
+            arc.schedule("bad")
+        with pytest.raises(SeqkvError, match="'bad': its replay record is malformed"):
+            arc.load("bad")
+        assert arc.load("good").get_seq_length() == 10
+
+
+def test_the_first_add_never_replaces_a_file_another_writer_created(tmp_path, tiny_lm):
+    from seqkv_cli.kvcapture.engine import run_capture
+    from seqkv_cli.trie.sources import Source
+
+    late = seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm)  # both see no file yet
+    with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as first:
+        first.add("a", _ids(8))
+    before = (tmp_path / "m.skv").read_bytes()
+    cap = run_capture(tiny_lm, _ids(8, seed=2)[0].tolist())
+    cap.meta["session_id"] = "b"
+    assert late._create(Source.from_capture(cap)) is None  # lost the race: nothing replaced
+    assert (tmp_path / "m.skv").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.skv"]  # no temporary left
+    late.add("b", _ids(8, seed=2))  # and a normal add appends
+    assert [s.id for s in late.sessions()] == ["a", "b"]
+
+
+def test_library_compress_refuses_an_output_that_is_an_input(tmp_path, tiny_lm):
+    from seqkv_cli.kvcapture.capture_file import save_capture
+    from seqkv_cli.kvcapture.engine import run_capture
+
+    cap = run_capture(tiny_lm, _ids(8)[0].tolist())
+    save_capture(cap, tmp_path / "a.safetensors")
+    before = (tmp_path / "a.safetensors").read_bytes()
+    with pytest.raises(SeqkvError, match="is also an input"):
+        seqkv.compress(tmp_path / "a.safetensors", tmp_path / "a.safetensors", model=tiny_lm)
+    assert (tmp_path / "a.safetensors").read_bytes() == before

@@ -10,13 +10,13 @@ from seqkv_cli.runtime.threads import use_threads, yield_when_idle
 
 
 def test_threads_below_one_are_refused_in_one_line(tmp_path):
-    for bad in ("0", "-2"):
+    for bad in ("0", "-2", "5000"):
         result = CliRunner().invoke(
             app,
             ["decompress", str(tmp_path / "x.skv"), "-o", str(tmp_path / "o"), "--threads", bad],
         )
         assert result.exit_code == 2
-        assert f"--threads must be at least 1, got {bad}" in result.output
+        assert f"got {bad}" in result.output and "--threads must be at" in result.output
         assert "Traceback" not in result.output
 
 

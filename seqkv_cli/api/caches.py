@@ -23,6 +23,8 @@ def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     elif hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):
         pairs = list(zip(cache.key_cache, cache.value_cache, strict=True))
     elif isinstance(cache, tuple | list):
+        if not all(isinstance(layer, tuple | list) and len(layer) >= 2 for layer in cache):
+            raise SeqkvError("a legacy cache must be a tuple of (key, value) pairs, one per layer")
         pairs = [tuple(layer)[:2] for layer in cache]
     else:
         raise SeqkvError(

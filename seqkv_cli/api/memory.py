@@ -104,10 +104,14 @@ class MemoryArchive:
         for r in rows:
             entry = entries[r["id"]]
             meta = {**entry.get("capture_meta", {}), "session_id": r["id"]}
-            if read_record(meta, int(entry["positions"])):
-                how = "replay"
+            try:
+                replayed = read_record(meta, int(entry["positions"])) is not None
+            except SeqkvError:  # one bad record must not hide the other sessions
+                replayed, how = False, "malformed replay record"
             else:
                 how = "canonical + residual" if entry.get("residual_bytes") else "canonical"
+            if replayed:
+                how = "replay"
             out.append(
                 SessionInfo(
                     r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]), how
@@ -139,9 +143,15 @@ class MemoryArchive:
         a session without a replay record. A cache continued from `load(session_id)` was
         filled by this schedule plus the continuation's calls."""
         from seqkv_cli.api.replay import Schedule, read_record
+        from seqkv_cli.skv.restore import Archive
 
-        cap = self.load_capture(session_id)
-        rec = read_record(cap.meta, cap.positions)
+        self._open()
+        if not self.path.is_file():
+            raise SeqkvError(f"{self.path} has no sessions yet")
+        with Archive(self.path) as arc:  # the index only: no token is decoded
+            entry = arc.session(str(session_id))
+        meta = {**entry.get("capture_meta", {}), "session_id": entry["id"]}
+        rec = read_record(meta, int(entry["positions"]))
         return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
 
     def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
@@ -149,7 +159,8 @@ class MemoryArchive:
         `model(..., past_key_values=cache)` or `model.generate(..., past_key_values=cache)`.
 
         K/V come back in the dtype they were added in (the user's cache, bit for bit, for a
-        session added with its cache) unless `dtype` says otherwise; `device` moves them. A
+        session added with its cache) unless `dtype` says otherwise, on the model's device
+        unless `device` says otherwise. A
         session stored for replay re-runs the model it was added with and is checked against
         its digest; `replay=False` gives the canonical K/V instead."""
         from seqkv_cli.api import replay as rp
@@ -163,6 +174,8 @@ class MemoryArchive:
             if got is None:
                 raise SeqkvError(rp.not_reproduced_message(session_id, rec, self._runner, None))
             keys, values = got
+        if device is None:
+            device = next(self._runner.parameters()).device
         return to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
 
     # -- writing --------------------------------------------------------------------------
@@ -209,7 +222,13 @@ class MemoryArchive:
                 f"tolerance applies to a stored residual; residual={residual!r} keeps none"
             )
         if tolerance is not None:
+            self._coder_with(tolerance)  # a bad value is refused before any model work
             residual = "lossless"
+        if (prompt_length is not None or schedule is not None) and residual in ("lossless", "none"):
+            raise SeqkvError(
+                f"prompt_length and schedule describe how to replay a cache; "
+                f"residual={residual!r} does not replay"
+            )
         if tolerance is not None and cache is None:
             raise SeqkvError("tolerance needs a cache: without one K/V are recomputed exactly")
         if len(ids) > self._lm.max_context:
@@ -228,16 +247,39 @@ class MemoryArchive:
             result = add_sources(self.path, [source], self._lm)
             added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
         else:
-            from seqkv_cli.skv.compress_trie import compress_sources
-
-            result = compress_sources([source], self.path, self._coder, False, self._lm, None)
-            added = file_bytes = result.file_bytes
-            new = len(ids)
+            created = self._create(source)
+            if created is None:  # another writer created the file meanwhile: append to it
+                self._check_existing()
+                result = add_sources(self.path, [source], self._lm)
+                added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
+            else:
+                added = file_bytes = created
+                new = len(ids)
         if verify:
             self._verify(sid, cap, source.coder_for(self._coder))
         return AddReport(sid, len(ids), new, added, file_bytes, how, diff, note)
 
     # -- internals ------------------------------------------------------------------------
+    def _create(self, source) -> int | None:
+        """A new archive holding `source`, published only if `path` still does not exist
+        (a hard link never replaces a file): its size, or None when another writer won."""
+        import os
+
+        from seqkv_cli.fsutil import discard_quietly, fsync_dir, run_tag
+        from seqkv_cli.skv.compress_trie import compress_sources
+
+        tmp = self.path.with_name(f".{self.path.name}.{run_tag()}.new.skv")
+        try:
+            result = compress_sources([source], tmp, self._coder, False, self._lm, None)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                return None
+            fsync_dir(self.path.parent)
+            return result.file_bytes
+        finally:
+            discard_quietly(tmp)
+
     def _open(self) -> None:
         if self._closed:
             raise SeqkvError(f"the archive {self.path} is closed")
@@ -283,7 +325,10 @@ class MemoryArchive:
             cap.meta["session_id"] = sid
             return cap, "recomputed", None, None
         if residual == "none":  # only the dtype is kept; the cache may be partial
-            dtype = DTYPE_NAMES.get(cache_layers(cache)[0][0].dtype, "bf16")
+            first = cache_layers(cache)[0][0]
+            if first.dtype not in DTYPE_NAMES:
+                raise SeqkvError(f"cache dtype {first.dtype} is not supported (bf16, fp16 or fp32)")
+            dtype = DTYPE_NAMES[first.dtype]
             cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
             cap.meta["session_id"] = sid
             return cap, "recomputed", _partial_difference(cache, cap), None
@@ -378,8 +423,10 @@ def _partial_difference(cache, cap) -> float | None:
 
     worst = 0.0
     for (k, v), ck, cv in zip(cache_layers(cache), cap.keys, cap.values, strict=False):
+        if k.dim() != 4 or v.dim() != 4 or k.shape[0] != 1:
+            return None
         n = k.shape[-2]
-        if k.dim() != 4 or k.shape[0] != 1 or n > ck.shape[1] or k.shape[1] != ck.shape[0]:
+        if n > ck.shape[1] or k.shape[1] != ck.shape[0]:
             return None
         for mine, canon in ((k[0], ck[:, ck.shape[1] - n :]), (v[0], cv[:, cv.shape[1] - n :])):
             if mine.shape != canon.shape:

@@ -122,7 +122,9 @@ def read_record(meta: dict, positions: int) -> dict | None:
     if raw is None:
         return None
     try:
-        rec = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        rec = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(rec, dict):
+            raise TypeError("not an object")
         runs = rec.get("calls")
         ok = (
             rec.get("version") == RECORD_VERSION
@@ -139,7 +141,7 @@ def read_record(meta: dict, positions: int) -> dict | None:
             and rec.get("cache_dtype") in ("bf16", "fp16", "fp32")
             and sum(length * count for length, count in runs) == positions
         )
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError, RecursionError):
         ok = False
     if not ok:
         raise SeqkvError(f"session {meta.get('session_id', '?')!r}: its replay record is malformed")
@@ -162,15 +164,23 @@ def replay(model, token_ids: list[int], rec: dict) -> tuple[list, list]:
             f"the replay record's schedule covers {covered} tokens; the session has {n}"
         )
     calls = Schedule.from_runs(rec["calls"]).calls
+    import inspect
+
     device = next(model.parameters()).device
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     cache = DynamicCache(config=model.config)
-    name = cache_kwarg(type(model).forward)
-    with torch.inference_mode():
-        start = 0
-        for length in calls:
-            model(ids[:, start : start + length], use_cache=True, **{name: cache})
-            start += length
+    kwargs = {cache_kwarg(type(model).forward): cache, "use_cache": True}
+    if "logits_to_keep" in inspect.signature(type(model).forward).parameters:
+        kwargs["logits_to_keep"] = 1  # only K/V are wanted: no (n x vocab) logits
+    try:
+        with torch.inference_mode():
+            start = 0
+            for length in calls:
+                model(ids[:, start : start + length], **kwargs)
+                start += length
+    except (RuntimeError, ValueError, TypeError) as exc:  # OOM, a model that refuses the call
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SeqkvError(f"replay could not run the model: {first[:200]}") from None
     dtype = DTYPES[rec["cache_dtype"]]
     pairs = cache_layers(cache)
     keys = [k[0].detach().to("cpu", dtype).contiguous() for k, _ in pairs]

@@ -108,31 +108,32 @@ def resolve_model(model=None, *, tokenizer=None, progress=None) -> LoadedModel:
     return from_instance(model, tokenizer)
 
 
-_INSTANCES: dict[int, tuple[object, LoadedModel]] = {}
+_INSTANCES: list[tuple[object, LoadedModel]] = []  # the last few model objects seen
+_INSTANCES_KEPT = 4
 
 
 def from_instance(model, tokenizer=None) -> LoadedModel:
     """A user's transformers model as a LoadedModel (fingerprinted once per object).
 
-    The canonical forward runs fp32 on the CPU: a model in another dtype or on another
-    device is copied for it and the user's object is left as it was. Its fingerprint is that
-    of the fp32 copy (so a bf16 model is a different model from its fp32 checkpoint, which
-    it numerically is). The tokenizer, when given or found beside the weights, is part of the
-    fingerprint, as for models loaded from a folder."""
-    import copy
-
+    The canonical forward runs fp32 on the CPU. A model in another dtype or on another
+    device gets an fp32 CPU copy built tensor by tensor (no second copy on its device); an
+    fp32 CPU model is used as it is (put in eval mode: inference only). Its fingerprint is
+    that of the fp32 weights (a bf16 model is a different model from its fp32 checkpoint,
+    which it numerically is) with the config and the tokenizer (given, or found beside the
+    weights), as for models loaded from a folder. Weights edited in place after the first
+    call are not seen: pass a new object."""
     import torch
 
-    hit = _INSTANCES.get(id(model))
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    for seen, lm in _INSTANCES:
+        if seen is model:
+            return lm
     params = list(model.parameters())
     if not params:
         raise SeqkvError(f"{type(model).__name__} has no parameters: not a language model")
     first = params[0]
     runner = model
     if first.dtype != torch.float32 or first.device.type != "cpu":
-        runner = copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
+        runner = _fp32_cpu_copy(model)
     runner.eval()
     name_or_path = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     if tokenizer is None:
@@ -148,8 +149,27 @@ def from_instance(model, tokenizer=None) -> LoadedModel:
         fp.model_fingerprint(runner, tok_fp),
         tok_fp,
     )
-    _INSTANCES[id(model)] = (model, lm)
+    _INSTANCES.append((model, lm))
+    del _INSTANCES[:-_INSTANCES_KEPT]
     return lm
+
+
+def _fp32_cpu_copy(model):
+    """The same architecture with the weights as fp32 CPU tensors, read one at a time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+        with torch.device("cpu"):
+            copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        copy.load_state_dict(state, strict=True)
+    except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        raise SeqkvError(
+            f"cannot make an fp32 CPU copy of this {type(model).__name__} for the canonical "
+            f"forward (quantized weights?): {one_line(exc)}"
+        ) from None
+    return copy.eval()
 
 
 def _tokenizer_beside(name_or_path: str):

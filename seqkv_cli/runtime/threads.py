@@ -6,8 +6,8 @@ stalls. Measured on the 2-core development VM (`bench/contention.py`, a 120-toke
 archive; docs/BENCHMARKS.md "Threads under contention"): with OpenMP's default waits two
 decompressions at once took 2.63x one alone and a compress + verify next to a busy process
 1.83x; with ``OMP_WAIT_POLICY=PASSIVE`` 1.15x and 0.94x, and alone it was not slower.
-So the `seqkv` command sets it (a user's own setting wins), and the thread count stays one
-per usable core unless `--threads` says otherwise. The portable path's bits never depend
+So the `seqkv` command sets it (a user's own setting wins), and the thread count stays
+torch's (one per core) unless `--threads` says otherwise. The portable path's bits never depend
 on the thread count (docs/NUMERICS.md).
 """
 
@@ -24,18 +24,15 @@ def yield_when_idle() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, else the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+MAX_THREADS = 1024  # beyond any machine's cores; OpenMP aborts on absurd counts
 
 
 def use_threads(requested: int | None) -> int:
     """Set torch's intra-op threads to `requested` (None: torch's default, one per core)."""
     if requested is not None and (isinstance(requested, bool) or requested < 1):
         raise SeqkvError(f"--threads must be at least 1, got {requested}")
+    if requested is not None and requested > MAX_THREADS:
+        raise SeqkvError(f"--threads must be at most {MAX_THREADS}, got {requested}")
     import torch
 
     if requested is not None:

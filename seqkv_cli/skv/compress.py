@@ -41,6 +41,9 @@ def compress_captures(
 
     if not paths:
         raise SeqkvError("no captures to compress")
+    from seqkv_cli.fsutil import refuse_output_in_inputs
+
+    refuse_output_in_inputs(Path(out), [Path(p) for p in paths])  # the library path too
     if layout not in LAYOUTS:
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     coder = resolve_codec(codec)
