@@ -275,6 +275,10 @@ class MemoryArchive:
                 os.link(tmp, self.path)
             except FileExistsError:
                 return None
+            except OSError:  # a file system without hard links: exclusive up to a tiny race
+                if self.path.exists():
+                    return None
+                os.replace(tmp, self.path)
             fsync_dir(self.path.parent)
             return result.file_bytes
         finally:
