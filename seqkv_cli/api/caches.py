@@ -39,6 +39,14 @@ def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return pairs
 
 
+def cache_dtype_name(cache) -> str:
+    """The name of the dtype the cache's first layer holds: bf16, fp16 or fp32 (else refused)."""
+    dtype = cache_layers(cache)[0][0].dtype
+    if dtype not in DTYPE_NAMES:
+        raise SeqkvError(f"cache dtype {dtype} is not supported (bf16, fp16 or fp32)")
+    return DTYPE_NAMES[dtype]
+
+
 def cache_kv(cache, positions: int, shapes: dict) -> tuple[list, list, str]:
     """Keys and values per layer as a capture holds them, and their dtype name.
 
@@ -48,9 +56,8 @@ def cache_kv(cache, positions: int, shapes: dict) -> tuple[list, list, str]:
     if len(pairs) != shapes["num_layers"]:
         raise SeqkvError(f"the cache has {len(pairs)} layers; the model has {shapes['num_layers']}")
     want = (shapes["num_kv_heads"], shapes["head_dim"])
+    name = cache_dtype_name(pairs)
     dtype = pairs[0][0].dtype
-    if dtype not in DTYPE_NAMES:
-        raise SeqkvError(f"cache dtype {dtype} is not supported (bf16, fp16 or fp32)")
     keys, values = [], []
     for i, (k, v) in enumerate(pairs):
         for kind, t in (("key", k), ("value", v)):
@@ -70,7 +77,7 @@ def cache_kv(cache, positions: int, shapes: dict) -> tuple[list, list, str]:
                 raise SeqkvError(_length_message(i, int(t.shape[2]), positions))
         keys.append(k[0].detach().to("cpu").contiguous())
         values.append(v[0].detach().to("cpu").contiguous())
-    return keys, values, DTYPE_NAMES[dtype]
+    return keys, values, name
 
 
 def _length_message(layer: int, have: int, want: int) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -318,23 +319,23 @@ class MemoryArchive:
         """The capture to store (the canonical run's tokens and surprisal, the K/V to keep),
         how `load` will rebuild it, its distance from the user's cache, and a note."""
         from seqkv_cli.api import replay as rp
-        from seqkv_cli.api.caches import DTYPE_NAMES, cache_kv, cache_layers
+        from seqkv_cli.api.caches import cache_dtype_name, cache_kv
         from seqkv_cli.kvcapture.engine import run_capture
+        from seqkv_cli.skv.verify import max_abs_error
 
         lm = self._lm
+
+        def canonical(dtype: str):
+            cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
+            cap.meta["session_id"] = sid
+            return cap
+
         if cache is None:
             if how_filled != (None, None):
                 raise SeqkvError("prompt_length and schedule describe a cache; none was given")
-            cap = run_capture(lm, ids, dtype="bf16", numerics=self._coder.numerics)
-            cap.meta["session_id"] = sid
-            return cap, "recomputed", None, None
+            return canonical("bf16"), "recomputed", None, None
         if residual == "none":  # only the dtype is kept; the cache may be partial
-            first = cache_layers(cache)[0][0]
-            if first.dtype not in DTYPE_NAMES:
-                raise SeqkvError(f"cache dtype {first.dtype} is not supported (bf16, fp16 or fp32)")
-            dtype = DTYPE_NAMES[first.dtype]
-            cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
-            cap.meta["session_id"] = sid
+            cap = canonical(cache_dtype_name(cache))
             return cap, "recomputed", _partial_difference(cache, cap), None
         shapes = {
             "num_layers": lm.num_layers,
@@ -342,9 +343,8 @@ class MemoryArchive:
             "head_dim": lm.head_dim,
         }
         keys, values, dtype = cache_kv(cache, len(ids), shapes)
-        cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
-        cap.meta["session_id"] = sid
-        diff = _max_abs_difference(cap, keys, values)
+        cap = canonical(dtype)
+        diff = max_abs_error(cap, SimpleNamespace(keys=keys, values=values))
         note = None
         if residual in ("auto", "replay"):
             schedule = rp.Schedule.for_tokens(len(ids), *how_filled)
@@ -413,11 +413,6 @@ def _token_list(input_ids, vocab_size: int) -> list[int]:
         bad = low if low < 0 else high
         raise SeqkvError(f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
     return [int(t) for t in arr]
-
-
-def _max_abs_difference(cap, keys, values) -> float:
-    pairs = [*zip(cap.keys, keys, strict=True), *zip(cap.values, values, strict=True)]
-    return max(float((a.double() - b.double()).abs().max()) for a, b in pairs)
 
 
 def _partial_difference(cache, cap) -> float | None:

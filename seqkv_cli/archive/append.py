@@ -122,9 +122,8 @@ def _check_new(sources: list[Source], contents, header: dict, path) -> None:
         seen.add(src.session_id)
         got = src.meta.get("model_fingerprint")
         if want and got != want:
-            where = src.path or f"session {src.session_id}"
             raise SeqkvError(
-                f"{where} comes from a different model ({str(got)[:12]} vs {want[:12]}); "
+                f"{src.where} comes from a different model ({str(got)[:12]} vs {want[:12]}); "
                 "an archive holds sessions of one model"
             )
 

@@ -84,21 +84,14 @@ def report_command(
     """
     from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
     from seqkv_cli.report import outputs
-    from seqkv_cli.report.collect import check_codecs
+    from seqkv_cli.report.collect import check_options
     from seqkv_cli.report.collect import report as build
     from seqkv_cli.report.gate import Thresholds, check, summary
     from seqkv_cli.report.table import session_table, summary_table
 
     limits = Thresholds(max_bits_per_position, max_gap, require_exact)
     names = [c.strip() for c in codecs.split(",") if c.strip()] if codecs is not None else None
-    if names is not None:  # checked before any output file is looked at
-        if not names:
-            raise SeqkvError("--codecs is empty; name at least one codec (`seqkv codecs`)")
-        check_codecs(names)
-    if continuation < 0 or window < 1:
-        raise SeqkvError(
-            f"--continuation must be >= 0 and --window >= 1, got {continuation}, {window}"
-        )
+    check_options(names, continuation, window)  # before any output file is looked at
     files = {"--json": json_out, "--csv": csv_out, "--parquet": parquet_out}
     files["--markdown"] = markdown_out
     read = [f for p in inputs for f in (p.iterdir() if p.is_dir() else [p])]

@@ -55,6 +55,18 @@ def check_codecs(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def check_options(codecs: list[str] | None, continuation: int, window: int) -> None:
+    """Refuse bad report options before any input or output file is looked at."""
+    if codecs is not None:
+        if not codecs:
+            raise SeqkvError("--codecs is empty; name at least one codec (`seqkv codecs`)")
+        check_codecs(codecs)
+    if continuation < 0 or window < 1:
+        raise SeqkvError(
+            f"--continuation must be >= 0 and --window >= 1, got {continuation}, {window}"
+        )
+
+
 def report(
     inputs,
     *,
@@ -67,14 +79,7 @@ def report(
 ) -> Report:
     """`seqkv report` as a function: rows (bits/position, log2 PP, exactness, ...) for capture
     files, `.skv` files and folders of them; `codecs` None reports the default baselines."""
-    if codecs is not None:
-        if not codecs:
-            raise SeqkvError("--codecs is empty; name at least one codec (`seqkv codecs`)")
-        check_codecs(codecs)
-    if continuation < 0 or window < 1:
-        raise SeqkvError(
-            f"--continuation must be >= 0 and --window >= 1, got {continuation}, {window}"
-        )
+    check_options(codecs, continuation, window)
     paths = [Path(inputs)] if isinstance(inputs, str | Path) else [Path(p) for p in inputs]
     options = ReportOptions(codecs, model, verify, continuation, window)
     return build_report(paths, options, progress)

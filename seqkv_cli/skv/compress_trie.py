@@ -28,20 +28,19 @@ def compress_sources(sources, out: Path, coder, check: bool, model, on_progress,
 
     seen, header_model = set(), None
     for src in sources:
-        where = src.path or f"session {src.session_id}"
-        header_model = same_model(header_model, src, where)
+        header_model = same_model(header_model, src, src.where)
         if src.session_id in seen:
-            raise SeqkvError(f"two captures have session id '{src.session_id}' ({where})")
+            raise SeqkvError(f"two captures have session id '{src.session_id}' ({src.where})")
         seen.add(src.session_id)
-    paths = [src.path or f"session {src.session_id}" for src in sources]
     lm = canon = None
     if capabilities(coder).needs_canonical:
         lm = model if isinstance(model, LoadedModel) else load_model(model)
         canon, ident = load_canonical(lm, coder.numerics)
         if ident["fingerprint"] != header_model["fingerprint"]:
             raise SeqkvError(
-                f"{paths[0]} comes from a different model ({header_model['fingerprint'][:12]} "
-                f"vs the loaded {ident['fingerprint'][:12]}); pass --model with the capture's model"
+                f"{sources[0].where} comes from a different model "
+                f"({header_model['fingerprint'][:12]} vs the loaded {ident['fingerprint'][:12]}); "
+                "pass --model with the capture's model"
             )
         header_model = ident
     members = {}

@@ -39,6 +39,11 @@ class Source:
         tokens = cap.tokens.numpy().astype(np.int64)
         return cls(cap.session_id, cap.meta, tokens, None, cap, residual_coder)
 
+    @property
+    def where(self) -> str:
+        """How messages name this session: its capture file, or its id when in memory."""
+        return str(self.path) if self.path is not None else f"session {self.session_id}"
+
     def coder_for(self, coder):
         """The codec that stores this session's residual (and checks its restore)."""
         return self.residual_coder or coder
