@@ -47,6 +47,16 @@ class CodecSummary:
         flags = [r.exact for r in self.rows]
         return None if None in flags else all(flags)
 
+    @property
+    def restore_seconds(self) -> float | None:
+        """Wall time to restore every session (the last one out), when it was measured."""
+        return self.worst("restore_seconds")
+
+    @property
+    def restore_tokens_per_s(self) -> float | None:
+        seconds = self.restore_seconds
+        return self.positions / seconds if seconds else None
+
     def worst(self, key: str) -> float | None:
         values = [getattr(r, key) for r in self.rows if getattr(r, key) is not None]
         return max(values) if values else None

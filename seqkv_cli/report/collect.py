@@ -10,6 +10,7 @@ the same session (same model fingerprint, same id).
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,10 +167,21 @@ class _Collector:
             todo = [e for e in arc.sessions if group.capture_of(e["id"])]
             if checkable and todo and (lm is not None or not needs_model):
                 self.say(f"{group.name}: decoding {len(todo)} session(s) of {path.name}")
+                if arc.needs_model:
+                    arc.canonical()  # model set-up is not restore time
+                start, busy, decoded = time.perf_counter(), 0.0, 0
                 for entry, restored in arc.restore_many(todo):
                     if isinstance(restored, Exception):
                         raise restored
-                    self._fidelity(by_id[entry["id"]], group, restored, lm, source)
+                    row = by_id[entry["id"]]
+                    row.restore_seconds = time.perf_counter() - start - busy
+                    decoded += row.positions
+                    measuring = time.perf_counter()
+                    self._fidelity(row, group, restored, lm, source)
+                    busy += time.perf_counter() - measuring  # comparing is not restoring
+                rate = decoded / max(time.perf_counter() - start - busy, 1e-9)
+                for entry in todo:
+                    by_id[entry["id"]].restore_tokens_per_s = rate
             for entry, row in zip(arc.sessions, rows, strict=True):
                 ref = group.capture_of(row.id)
                 self._windows(row, ref, entry.get("token_bits_ideal"))

@@ -123,11 +123,13 @@ def markdown(report: Report, failures: list[Failure], limits: Thresholds) -> str
     lines = ["## seqkv report", ""]
     lines += _md_table(
         ["model", "codec", "source", "sessions", "positions", "bits/position", "log2 PP", "gap"]
-        + [f"{p} b/pos" for p in PARTS],
+        + [f"{p} b/pos" for p in PARTS]
+        + ["restore s", "restore tokens/s"],
         [
             [s.model, s.codec, s.source, s.sessions, s.positions, num(s.bits_per_position)]
             + [num(s.log2_ppl), num(s.gap_ratio)]
             + [num(s.part_bits_per_position(p)) for p in PARTS]
+            + [num(s.restore_seconds), num(s.restore_tokens_per_s)]
             for s in by_codec(report.rows)
         ],
     )

@@ -36,6 +36,10 @@ class Row:
     ppl_ratio: float | None = None
     greedy_agreement: float | None = None
     greedy_prefix: int | None = None
+    # measured while verifying: seconds from the start of the archive's decode until this
+    # session was restored, and the archive's decode rate (tokens/s) on this machine
+    restore_seconds: float | None = None
+    restore_tokens_per_s: float | None = None
     windows: list[dict] = field(default_factory=list)
     # per-position cost (bits) and surprisal: for plots, not serialised
     curve: np.ndarray | None = field(default=None, repr=False)
@@ -96,6 +100,8 @@ class Row:
         }
         for key in FIDELITY:
             out[key] = getattr(self, key)
+        out["restore_seconds"] = self.restore_seconds
+        out["restore_tokens_per_s"] = self.restore_tokens_per_s
         out["windows"] = self.windows
         return _finite(out)
 

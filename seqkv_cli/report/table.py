@@ -39,7 +39,7 @@ def session_table(rows: list[Row], continuation: int) -> Table:
 def summary_table(rows: list[Row]) -> Table:
     table = Table(title="where the bits go: bits per position by part, all sessions")
     cols = ["model", "codec", "sessions", "positions", *PARTS, "total", "gap (x)"]
-    cols += ["marginal first → last window"]
+    cols += ["marginal first → last window", "restore s", "restore tokens/s"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("model", "codec") else "right")
     for s in by_codec(rows):
@@ -55,6 +55,8 @@ def summary_table(rows: list[Row]) -> Table:
             num(s.bits_per_position),
             num(s.gap_ratio),
             trend,
+            num(s.restore_seconds),
+            num(s.restore_tokens_per_s),
             style="dim" if s.role == "baseline" else None,
         )
     return table

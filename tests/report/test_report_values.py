@@ -55,6 +55,11 @@ def test_json_schema_and_known_numbers(full, caps, tiny_lm):
             assert row["gap_ratio"] == pytest.approx(row["bits_per_position"] / row["log2_ppl"])
             assert row["ratio_vs_fp16"] * row["bits_per_position"] == pytest.approx(16 * comps)
             assert row["ratio_vs_turbo3"] * row["bits_per_position"] == pytest.approx(3 * comps)
+            # measured while verifying: when this session came out, and its archive's rate
+            assert 0 < row["restore_seconds"] < 600 and row["restore_tokens_per_s"] > 0
+        for codec in ("raw", "seq", "turbo3"):  # one decode rate per archive
+            rates = {rows[(other, codec)]["restore_tokens_per_s"] for other in ("a", "b")}
+            assert len(rates) == 1
         # raw stores every component in 16 bits: payload = 16 x components x positions, plus
         # at most the token id and surprisal (96 bits) and framing per position
         raw = rows[(sid, "raw")]
