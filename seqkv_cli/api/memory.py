@@ -291,6 +291,7 @@ class MemoryArchive:
 
     def _check_existing(self) -> None:
         """The file must be a trie archive of this model (checked before any work)."""
+        from seqkv_cli.skv.identity import fingerprint_matches
         from seqkv_cli.skv.restore import Archive
 
         with Archive(self.path, model=self._lm) as arc:
@@ -300,7 +301,7 @@ class MemoryArchive:
                     "`seqkv archive compact` first"
                 )
             want = arc.model.get("fingerprint", "?")
-            if want != self._lm.fingerprint:
+            if not fingerprint_matches(want, self._lm.fingerprint):
                 raise SeqkvError(
                     f"{self.path} holds sessions of model {arc.model.get('name', '?')} "
                     f"(fingerprint {want[:16]}); the model given has {self._lm.fingerprint[:16]} "

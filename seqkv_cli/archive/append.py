@@ -47,6 +47,11 @@ def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> 
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
     refuse_empty(sources)
     with locked_for_append(path, on_wait) as appender:
+        if appender.compact:
+            model = _expand_compact(appender, model, path)
+    if appender.compact:  # now a full-layout archive: lock it again (a waiter may be first)
+        return add_sources(path, sources, model, on_wait)
+    with locked_for_append(path, on_wait) as appender:
         reader = appender.reader
         header = reader.header
         if "trie" not in header:
@@ -84,6 +89,30 @@ def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> 
     return AddResult(
         len(sources), positions, new_tokens, written.file_bytes - before, written.file_bytes
     )
+
+
+def _expand_compact(appender, model, path):
+    """Rewrite a compact single-session file as the full trie archive it stands for (same
+    token bytes, nothing decoded), so it can take a segment; the model, loaded and checked
+    against the file's fingerprint, is returned for the append that follows."""
+    from seqkv_cli.runtime.loading import LoadedModel, load_model
+    from seqkv_cli.skv.identity import fingerprint_matches
+    from seqkv_cli.trie.compact import expanded
+
+    lm = model if isinstance(model, LoadedModel) else load_model(model)
+    want = appender.reader.compact.fingerprint
+    if not fingerprint_matches(want, lm.fingerprint):
+        raise SeqkvError(
+            f"{path} was compressed with fingerprint {want}; the loaded model has "
+            f"{lm.fingerprint[:16]}; pass --model with the right one"
+        )
+    ident = {
+        "fingerprint": lm.fingerprint,
+        "tokenizer_fingerprint": lm.tokenizer_fingerprint,
+        "name": lm.name,
+    }
+    appender.rewrite(*expanded(appender.reader, ident))
+    return lm
 
 
 def _archived_kv(contents, source, coder, header):

@@ -40,10 +40,12 @@ def compress_command(
     layout: Annotated[
         str,
         typer.Option(
-            help="'trie' stores prefixes that sessions share once (seq, seq-fast); "
+            help="'auto': a trie archive, or for one seq/seq-fast session a compact file "
+            "(~45 bytes of framing; capture provenance not kept); 'trie' stores prefixes that "
+            "sessions share once and keeps provenance; 'compact' insists on the compact file; "
             "'flat' codes each session on its own."
         ),
-    ] = "trie",
+    ] = "auto",
     near_dup: Annotated[
         bool,
         typer.Option(
@@ -104,7 +106,7 @@ def compress_command(
     console.print(table)
     console.print(
         f"K/V {human_bytes(res.input_kv_bytes)} -> {human_bytes(res.file_bytes)} file "
-        f"({res.input_kv_bytes / max(res.file_bytes, 1):.2f}x) with {codec}"
+        f"({res.input_kv_bytes / max(res.file_bytes, 1):.2f}x) with {codec}, {res.layout} layout"
     )
 
 

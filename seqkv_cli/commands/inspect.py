@@ -27,10 +27,17 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
             f"{human_bytes(acc.file_bytes)}, codec {shown(arc.codec.codec_id)} "
             f"{shown(json.dumps(arc.codec.get_config()))}"
         )
-        console.print(
-            f"model {shown(arc.model.get('name', '?'))}  "
-            f"fingerprint {shown(arc.model.get('fingerprint', '?'))}"
-        )
+        if getattr(arc.reader, "compact", None) is not None:
+            console.print(
+                f"compact single-session file: model fingerprint "
+                f"{shown(arc.model['fingerprint'])}... (its first 8 bytes); capture provenance "
+                "not kept (`seqkv compress --layout trie` keeps it)"
+            )
+        else:
+            console.print(
+                f"model {shown(arc.model.get('name', '?'))}  "
+                f"fingerprint {shown(arc.model.get('fingerprint', '?'))}"
+            )
         table = Table()
         for col in ("session", "positions", "dtype", "bytes", "bits/position", "log2 PP"):
             table.add_column(col, justify="left" if col == "session" else "right")

@@ -13,16 +13,24 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
+from seqkv_cli.container.compact import CompactReader, is_compact
 from seqkv_cli.container.errors import (
     ContainerWriteError,
     InvalidContainerInputError,
     UnsupportedVersionError,
     describe_os_error,
 )
-from seqkv_cli.container.format import FORMAT_MINOR, SLOT_OFFSETS, Slot, crc32c, encode_slot
+from seqkv_cli.container.format import (
+    FORMAT_MINOR,
+    PREAMBLE,
+    SLOT_OFFSETS,
+    Slot,
+    crc32c,
+    encode_slot,
+)
 from seqkv_cli.container.index import IndexRecord, Region
 from seqkv_cli.container.reader import ContainerReader
-from seqkv_cli.container.writer import Buffer, SectionSink, WriteResult
+from seqkv_cli.container.writer import Buffer, SectionSink, WriteResult, write_container
 
 # Appends are serialised with flock. Windows has no fcntl module: there, `archive add` and
 # `archive compact` refuse with one line (ContainerWriteError) rather than append unlocked,
@@ -49,16 +57,36 @@ def append_sessions(
 
 
 class Appender:
-    """An open, exclusively locked container: read what it holds, then commit one segment."""
+    """An open, exclusively locked container: read what it holds, then commit one segment.
 
-    def __init__(self, file: BinaryIO, current: ContainerReader) -> None:
+    A compact single-session file (format 1.2) has no room for segments: `compact` is true,
+    `commit` refuses, and `rewrite` replaces it with a full-layout file first.
+    """
+
+    def __init__(self, file: BinaryIO, current: ContainerReader | CompactReader) -> None:
         self.file, self.current = file, current
 
     @property
-    def reader(self) -> ContainerReader:
+    def reader(self) -> ContainerReader | CompactReader:
         return self.current
 
+    @property
+    def compact(self) -> bool:
+        return isinstance(self.current, CompactReader)
+
+    def rewrite(self, header: dict[str, Any], sections: Iterable[tuple[str, Buffer]]) -> int:
+        """Replace the locked file with a full-layout one (atomically, under the lock).
+
+        Appenders waiting for the lock notice the replacement and lock the new file, so
+        nothing they add is lost; the caller locks it again to append (its size returned).
+        """
+        return write_container(self.current.path, header, sections).file_bytes
+
     def commit(self, sessions: list[dict[str, Any]], sections) -> WriteResult:
+        if self.compact:
+            raise InvalidContainerInputError(
+                self.current.path, "a compact single-session file takes no appends; rewrite it"
+            )
         if not isinstance(sessions, list):
             raise InvalidContainerInputError(
                 self.current.path, "sessions must be a list of session dicts"
@@ -81,6 +109,11 @@ def locked_for_append(path: str | os.PathLike[str], on_wait=None) -> Iterator[Ap
     path = os.fspath(path)
     file = _open_locked(path, on_wait)
     try:
+        file.seek(0)
+        if is_compact(file.read(PREAMBLE.size)):
+            with CompactReader(path) as compact:
+                yield Appender(file, compact)
+            return
         with ContainerReader(path) as current:
             major, minor = current.version
             if minor > FORMAT_MINOR:

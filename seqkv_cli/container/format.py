@@ -15,7 +15,11 @@ import google_crc32c
 
 MAGIC = b"\x89SKV\r\n\x1a\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1  # 1.1 added trie archives (header key "trie", docs/FORMAT.md)
+# 1.1 added trie archives (header key "trie"), 1.2 the compact single-session layout
+# (container/compact.py). Full-layout files are still written as 1.1, which they are: a 1.1
+# seqkv can append to them. FORMAT_MINOR is the newest minor this seqkv reads.
+FORMAT_MINOR = 2
+FULL_LAYOUT_MINOR = 1
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
 SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc
 SLOT_SIZE = SLOT_BODY.size + 4  # + CRC32C of preamble and body
@@ -53,7 +57,7 @@ class Slot:
 
 def encode_preamble() -> bytes:
     """The 16 bytes every `.skv` file this version writes starts with."""
-    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0)
+    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FULL_LAYOUT_MINOR, 0)
 
 
 def encode_slot(preamble: bytes, slot: Slot) -> bytes:

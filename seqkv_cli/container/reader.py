@@ -11,6 +11,7 @@ import os
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from seqkv_cli.container.compact import COMPACT_MINOR, CompactReader, is_compact
 from seqkv_cli.container.errors import (
     ContainerError,
     CorruptContainerError,
@@ -25,6 +26,7 @@ from seqkv_cli.container.errors import (
 from seqkv_cli.container.format import (
     CRC_CHUNK,
     FORMAT_MAJOR,
+    FORMAT_MINOR,
     MAGIC,
     MAX_INDEX_BYTES,
     PREAMBLE,
@@ -79,6 +81,15 @@ class ContainerReader:
         if major < FORMAT_MAJOR:
             raise UnsupportedVersionError(
                 self.path, f"format {major}.{minor} is unknown; this seqkv reads {FORMAT_MAJOR}.x"
+            )
+        if minor >= COMPACT_MINOR and head[12] != 0:  # byte 12 names a layout from 1.2 on
+            if minor > FORMAT_MINOR:
+                raise UnsupportedVersionError(
+                    self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
+                )
+            what = "compact single-session" if is_compact(head) else f"unknown ({head[12]})"
+            raise UnsupportedVersionError(
+                self.path, f"its layout is {what}, not the full container layout read here"
             )
         if len(head) < SUPERBLOCK_SIZE:
             raise TruncatedContainerError(self.path, "the file ends inside its superblock")
@@ -230,6 +241,17 @@ class ContainerReader:
         self.close()
 
 
-def open_container(path: str | os.PathLike[str]) -> ContainerReader:
-    """Open and validate an `.skv` file (superblock, index, tiling); sections load lazily."""
+def open_container(path: str | os.PathLike[str]) -> ContainerReader | CompactReader:
+    """Open and validate an `.skv` file (superblock, index, tiling); sections load lazily.
+
+    A compact single-session file (format 1.2) opens as a CompactReader, which answers the
+    same questions (header, sections, read_section, verify).
+    """
+    try:
+        with open(path, "rb") as file:
+            head = file.read(PREAMBLE.size)
+    except OSError:
+        head = b""  # ContainerReader names the problem
+    if head.startswith(MAGIC) and is_compact(head):
+        return CompactReader(path)
     return ContainerReader(path)

@@ -85,4 +85,22 @@ def group_inputs(inputs: list[Path]) -> list[ModelGroup]:
             )
         g.captures.append(ref)
         g.source = g.source or meta.get("model_source")
+    return _join_compact(groups)
+
+
+def _join_compact(groups: dict[str, ModelGroup]) -> list[ModelGroup]:
+    """A compact file names its model by a fingerprint prefix: it joins the group of the
+    full fingerprint that prefix names (where another input gives it)."""
+    from seqkv_cli.skv.identity import fingerprint_matches
+
+    for fingerprint, g in list(groups.items()):
+        whole = [
+            h
+            for other, h in groups.items()
+            if other != fingerprint and fingerprint_matches(fingerprint, other)
+        ]
+        if len(whole) == 1:
+            whole[0].archives.extend(g.archives)
+            whole[0].captures.extend(g.captures)
+            del groups[fingerprint]
     return list(groups.values())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seqkv_cli.container.compact import CODECS as COMPACT_CODECS
 from seqkv_cli.container.layout import kv_part, section_name, session_entry
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.blocks import to_block
@@ -15,7 +16,7 @@ from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
 from seqkv_cli.skv.result import CompressResult
 
-LAYOUTS = ("trie", "flat")
+LAYOUTS = ("auto", "trie", "flat", "compact")
 
 
 def compress_captures(
@@ -26,15 +27,17 @@ def compress_captures(
     check: bool = True,
     model=None,
     on_progress: Callable[[int], None] | None = None,
-    layout: str = "trie",
+    layout: str = "auto",
     near_dup: bool = False,
 ) -> CompressResult:
     """Encode every capture with `codec` and write the container atomically.
 
-    ``layout="trie"`` (the default for codecs that support it) stores prefixes that sessions
-    share once (seqkv_cli/trie); ``"flat"`` codes every session on its own. With `check`,
-    everything encoded is decoded again and, for lossless codecs, compared bit for bit, so a
-    file that would not restore is never reported as written.
+    ``layout="auto"`` (the default) stores prefixes that sessions share once (seqkv_cli/trie)
+    for the codecs that can, and one such session as a compact single-session file
+    (format 1.2: no capture provenance kept); ``"trie"`` always writes the full trie layout,
+    ``"compact"`` insists on the compact one, and ``"flat"`` codes every session on its own.
+    With `check`, everything encoded is decoded again and, for lossless codecs, compared bit
+    for bit, so a file that would not restore is never reported as written.
     """
     from seqkv_cli.container import ContainerWriter
     from seqkv_cli.kvcapture.capture_file import load_capture
@@ -48,10 +51,13 @@ def compress_captures(
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     coder = resolve_codec(codec)
     caps = capabilities(coder)
-    if layout == "trie" and caps.trie_capable:
+    if layout == "compact" and (coder.codec_id not in COMPACT_CODECS or len(paths) != 1):
+        what = f"{len(paths)} sessions" if len(paths) != 1 else f"codec {coder.codec_id}"
+        raise SeqkvError(f"--layout compact holds one seq or seq-fast session, not {what}")
+    if layout != "flat" and caps.trie_capable:
         from seqkv_cli.skv.compress_trie import compress_trie
 
-        return compress_trie(paths, Path(out), coder, check, model, on_progress, near_dup)
+        return compress_trie(paths, Path(out), coder, check, model, on_progress, near_dup, layout)
     if near_dup:
         raise SeqkvError("--near-dup needs the trie layout and a seq or seq-fast codec")
     canon, header_model = None, None

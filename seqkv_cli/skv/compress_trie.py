@@ -9,16 +9,35 @@ from seqkv_cli.errors import SeqkvError
 
 
 def compress_trie(
-    paths: list[Path], out: Path, coder, check: bool, model, on_progress, near_dup=False
+    paths: list[Path],
+    out: Path,
+    coder,
+    check: bool,
+    model,
+    on_progress,
+    near_dup=False,
+    layout: str = "auto",
 ):
     from seqkv_cli.trie.sources import Source
 
     sources = [Source.from_path(path) for path in paths]
-    return compress_sources(sources, out, coder, check, model, on_progress, near_dup)
+    return compress_sources(sources, out, coder, check, model, on_progress, near_dup, layout)
 
 
-def compress_sources(sources, out: Path, coder, check: bool, model, on_progress, near_dup=False):
-    """A new trie archive at `out` from sources (capture files or in-memory captures)."""
+def compress_sources(
+    sources,
+    out: Path,
+    coder,
+    check: bool,
+    model,
+    on_progress,
+    near_dup=False,
+    layout: str = "auto",
+):
+    """A new trie archive at `out` from sources (capture files or in-memory captures).
+
+    `layout`: "auto" (one session that qualifies: a compact file), "compact" or "trie"
+    (trie/write.py, write_new)."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.sequential.registry import capabilities
     from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
@@ -58,7 +77,7 @@ def compress_sources(sources, out: Path, coder, check: bool, model, on_progress,
         "writer": writer_version(),
     }
     try:
-        file_bytes = write.write_new(out, build, coder, header_model, meta)
+        file_bytes, written = write.write_new(out, build, coder, header_model, meta, layout)
         if check:
             verify_against(write.staging(out), sources, coder, lm)
         write.publish(out)
@@ -67,12 +86,14 @@ def compress_sources(sources, out: Path, coder, check: bool, model, on_progress,
         raise
     result = CompressResult(out, len(sources), sum(len(s.tokens) for s in sources))
     result.input_kv_bytes = sum(_kv_bytes(s.meta, len(s.tokens)) for s in sources)
-    result.file_bytes = file_bytes
+    result.file_bytes, result.layout = file_bytes, written
     for kind in ("tokens", "residual", "kv", "surprisal"):
         if n := build.bytes_of(kind):
             result.part_bytes[kind] = n
-    result.part_bytes["trie tables"] = len(build.parts["index"])
-    result.part_bytes["header"] = file_bytes - sum(len(d) for d in build.parts.values())
+    stored = [d for name, d in build.parts.items() if written == "trie" or name != "index"]
+    if written == "trie":
+        result.part_bytes["trie tables"] = len(build.parts["index"])
+    result.part_bytes["header"] = file_bytes - sum(len(d) for d in stored)
     return result
 
 

@@ -26,6 +26,16 @@ def load_canonical(model, numerics: str):
     return canonical_model(lm, numerics), ident
 
 
+def fingerprint_matches(stored: str, actual: str) -> bool:
+    """Whether a file's model fingerprint names `actual`: equal, or, in a compact file
+    (format 1.2), its first 16 hex digits (8 bytes: a wrong model passes with odds 2**-64)."""
+    from seqkv_cli.container.compact import FINGERPRINT_HEX
+
+    if stored == actual:
+        return True
+    return len(stored) == FINGERPRINT_HEX and actual.startswith(stored)
+
+
 def same_model(model: dict | None, cap, path: Path) -> dict:
     """The identity of capture `cap`, refused if it is not the model seen so far (`model`)."""
     this = {

@@ -64,16 +64,18 @@ class Archive:
     def canonical(self):
         """The model this container was compressed with, checked by fingerprint."""
         if self._canon is None:
-            from seqkv_cli.skv.identity import load_canonical
+            from seqkv_cli.skv.identity import fingerprint_matches, load_canonical
 
             canon, ident = load_canonical(self._model_spec, self.codec.numerics)
             want = self.model.get("fingerprint", "?")
-            if ident["fingerprint"] != want:
+            if not fingerprint_matches(want, ident["fingerprint"]):
                 raise SeqkvError(
                     f"{self.path} was compressed with model {self.model.get('name', '?')} "
                     f"(fingerprint {want[:16]}); the loaded model {ident['name']} has "
                     f"fingerprint {ident['fingerprint'][:16]}; pass --model with the right one"
                 )
+            if want != ident["fingerprint"]:  # a compact file's prefix: restored captures
+                self.model = dict(ident)  # name the model whole, as their capture did
             if self.trie is not None:
                 from seqkv_cli.trie.store import check_context
 

@@ -14,3 +14,4 @@ class CompressResult:
     input_kv_bytes: int = 0
     file_bytes: int = 0
     part_bytes: dict[str, int] = field(default_factory=dict)
+    layout: str = "flat"  # "flat", "trie" or "compact" (docs/FORMAT.md)

@@ -50,7 +50,10 @@ def load(reader, path: Path, max_context: int = MAX_POSITIONS) -> TrieContents:
 
     No node may reach past `max_context` positions (the model's context where known).
     """
+    compact = getattr(reader, "compact", None)  # a compact file: its tables are its header
     segments = sorted(int(m.group(1)) for s in reader.sections if (m := _SEGMENT.match(s.name)))
+    if compact is not None:
+        segments = [1]
     if segments != list(range(1, len(segments) + 1)):
         raise SeqkvError(f"{path}: trie segments are missing or out of order: {segments}")
     nodes: list[Node] = []
@@ -60,7 +63,12 @@ def load(reader, path: Path, max_context: int = MAX_POSITIONS) -> TrieContents:
     kv_blocks = None
     for k in segments:
         where = f"{path} segment {k}"
-        tables = decode_tables(reader.read_section(part_name(k, "index")), len(nodes), where)
+        if compact is not None:
+            from seqkv_cli.trie.compact import tables_of
+
+            tables = tables_of(compact, reader.sections[0].length)
+        else:
+            tables = decode_tables(reader.read_section(part_name(k, "index")), len(nodes), where)
         if kv_blocks is not None and tables.kv_blocks != kv_blocks:
             raise SeqkvError(f"{where}: K/V block count differs from earlier segments")
         kv_blocks = tables.kv_blocks

@@ -66,13 +66,28 @@ def segment_sections(build: SegmentBuild, segment: int) -> list[tuple[str, bytes
     return [(part_name(segment, n), build.parts[n]) for n in order if build.parts[n]]
 
 
-def write_new(out: Path, build: SegmentBuild, coder, header_model: dict, meta: dict) -> int:
-    """Write a one-segment trie archive to a temporary sibling of `out`; return its size.
+def write_new(
+    out: Path, build: SegmentBuild, coder, header_model: dict, meta: dict, layout: str = "trie"
+) -> tuple[int, str]:
+    """Write a one-segment trie archive to a temporary sibling of `out`: its size and layout.
 
-    The caller verifies the temporary file and renames it over `out` (publish) or drops it.
+    ``layout="auto"`` writes a one-session segment as a compact file (format 1.2, ~45 bytes
+    of framing, no capture provenance) where it qualifies, ``"compact"`` insists on it, and
+    ``"trie"`` always writes the full layout. The caller verifies the temporary file and
+    renames it over `out` (publish) or drops it.
     """
     from seqkv_cli.container import ContainerWriter
 
+    clean_stale_staging(out)
+    if layout in ("auto", "compact"):
+        from seqkv_cli.container.compact import write_compact
+        from seqkv_cli.trie.compact import compact_form
+
+        form = compact_form(build, coder.get_config(), header_model)
+        if not isinstance(form, str):
+            return write_compact(staging(out), *form), "compact"
+        if layout == "compact":
+            raise SeqkvError(f"{out} cannot be a compact single-session file: {form}")
     header = {
         "pipeline": [coder.get_config()],
         "model": header_model,
@@ -80,11 +95,10 @@ def write_new(out: Path, build: SegmentBuild, coder, header_model: dict, meta: d
         "meta": meta,
         "trie": {"version": TRIE_VERSION},
     }
-    clean_stale_staging(out)
     with ContainerWriter(staging(out)) as writer:
         for name, data in segment_sections(build, 1):
             writer.add_section(name, data)
-        return writer.finish(header).file_bytes
+        return writer.finish(header).file_bytes, "trie"
 
 
 def refuse_out_of_vocab(sources: list[Source], vocab: int) -> None:

@@ -35,7 +35,7 @@ from seqkv_cli.container import (
     write_container,
 )
 from seqkv_cli.container.format import (
-    FORMAT_MINOR,
+    FULL_LAYOUT_MINOR,
     SLOT_OFFSETS,
     SUPERBLOCK_SIZE,
     Slot,
@@ -134,7 +134,7 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
     assert result.generation == 1
     assert leftovers(tmp_path) == ["a.skv"]
     with open_container(path) as container:
-        assert container.version == (1, FORMAT_MINOR)
+        assert container.version == (1, FULL_LAYOUT_MINOR)  # the full layout is a 1.1 file
         assert container.generation == 1
         assert json.dumps(container.header) == json.dumps(header)  # same values, same order
         assert container.header["meta"]["big"] == 2**70

@@ -64,3 +64,27 @@ def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
         original = load_capture(PORTABLE_GOLDEN / "captures" / f"{sid}.safetensors")
         assert original.meta["numeric_path"] == "portable-fx53-v1"
         assert same_capture(cap, original)
+
+
+COMPACT_GOLDEN = SEQ_GOLDEN.parent / "compact-v1"
+COMPACT_FILES = json.loads((COMPACT_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("codec", sorted(COMPACT_FILES))
+def test_compact_golden_restores_its_capture_and_is_written_the_same_today(codec, tmp_path):
+    """Format 1.2 compact files: they decode forever, and today's writer gives the same bytes."""
+    import hashlib
+
+    from seqkv_cli.skv.compress import compress_captures, same_capture
+
+    golden = COMPACT_GOLDEN / f"{codec}.skv"
+    assert hashlib.sha256(golden.read_bytes()).hexdigest() == COMPACT_FILES[codec]["sha256"]
+    with Archive(golden, model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.reader.version == (1, 2) and arc.codec.codec_id == codec
+        [entry] = arc.sessions
+        restored = arc.restore(entry)
+    capture = PORTABLE_GOLDEN / "captures" / "a.safetensors"
+    assert entry["id"] == "a" and same_capture(restored, load_capture(capture))
+    again = tmp_path / "again.skv"
+    compress_captures([capture], again, codec=codec, model=str(SEQ_GOLDEN / "model"))
+    assert again.read_bytes() == golden.read_bytes()

@@ -1,0 +1,396 @@
+"""Compact single-session files (format 1.2): one `seq`/`seq-fast` session, ~45 bytes of framing.
+
+A one-session file in the full layout pays ~900 bytes of superblock, JSON index and trie
+tables: more than the token stream of a few hundred tokens under a good model. This layout
+keeps only what decoding needs, in a binary header: the pipeline as one enumerated byte, the
+model by the first 8 bytes of its fingerprint, the session's shape and length, its id, a
+token checksum and two CRC32Cs. Capture provenance (source path, capture time, versions) is
+not kept: it is what a user gives up for the small file (`--layout trie` keeps it).
+
+Byte layout and the enumerations: docs/FORMAT.md, "Compact single-session files". This module
+uses only the standard library and the container's CRC32C, like the rest of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, BinaryIO
+
+from seqkv_cli.container.errors import (
+    ContainerError,
+    ContainerWriteError,
+    CorruptContainerError,
+    InvalidContainerInputError,
+    MalformedContainerError,
+    SectionCorruptError,
+    SectionNotFoundError,
+    TruncatedContainerError,
+    UnsupportedVersionError,
+    describe_os_error,
+)
+from seqkv_cli.container.format import FORMAT_MAJOR, FORMAT_MINOR, MAGIC, crc32c
+from seqkv_cli.container.index import SectionEntry
+from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
+
+COMPACT_MINOR = 2  # format 1.2 added this layout
+LAYOUT_COMPACT = 1  # byte 12: 0 would be the full layout's reserved (zero) word
+_FIXED = struct.Struct("<8sHHBB8sB")  # magic, major, minor, layout, pipeline, fingerprint, kinds
+FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
+
+# Enumerations (docs/FORMAT.md): a value's position is its code. Appending is a minor change.
+CODECS = ("seq", "seq-fast")
+RESIDUALS = ("lossless", "none")
+NUMERICS = ("portable-fx53-v1", "canonical-fp32-rb8-kb256-v1")
+DTYPES = ("bf16", "fp16", "fp32")
+CAPTURE_PATHS = ("portable-fx53-v1", "canonical-fp32-rb8-kb256-v1", "user-cache", "unknown")
+PRECISION_BITS, CHUNK_SIZE = 24, 1024  # the only pipeline parameters this layout can hold
+
+TOKENS_SECTION = "t1/tokens"  # how the one payload is named to readers of the trie layout
+MAX_ID_BYTES = 1024
+MAX_HEADER_BYTES = _FIXED.size + 6 * 10 + 4 + MAX_ID_BYTES + 4  # varints of at most 10 bytes
+# Bounds on the shape fields: far past any model in use, small enough that nothing built
+# from them can be large before the model itself is checked against them.
+MAX_SHAPE = 0xFFFF  # as the full layout's session entries (skv/restore.py)
+MAX_POSITIONS = 1 << 31
+
+
+@dataclass(frozen=True)
+class CompactSession:
+    """Everything a compact file says about its one session, besides the token payload."""
+
+    codec: str
+    residual: str
+    numerics: str
+    fingerprint: str  # FINGERPRINT_HEX lowercase hex digits
+    session_id: str
+    positions: int
+    dtype: str
+    numeric_path: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    log2_ppl_milli: int  # 0xFFFF: unknown (fewer than two positions)
+    token_check: int  # low 16 bits of CRC-32 (zlib) of the token ids as uint32 LE
+
+    def pipeline_config(self) -> dict[str, Any]:
+        return {
+            "id": self.codec,
+            "precision_bits": PRECISION_BITS,
+            "chunk_size": CHUNK_SIZE,
+            "residual": self.residual,
+            "numerics": self.numerics,
+        }
+
+
+def unrepresentable(config: dict, numeric_path: str, dtype: str, session_id: str) -> str | None:
+    """Why a session with this pipeline config cannot be a compact file (None: it can)."""
+    expected = {"id", "precision_bits", "chunk_size", "residual", "numerics"}
+    if set(config) != expected:
+        extra = sorted(set(config) - expected)
+        return f"its codec has settings the compact layout cannot hold ({', '.join(extra)})"
+    for value, known, what in (
+        (config["id"], CODECS, "codec"),
+        (config["residual"], RESIDUALS, "residual mode"),
+        (config["numerics"], NUMERICS, "numeric path"),
+        (numeric_path, CAPTURE_PATHS, "capture numeric path"),
+        (dtype, DTYPES, "dtype"),
+    ):
+        if value not in known:
+            return f"its {what} {value!r} has no compact code"
+    if (config["precision_bits"], config["chunk_size"]) != (PRECISION_BITS, CHUNK_SIZE):
+        return "its precision or chunk size is not the default"
+    if _id_problem(session_id):
+        return f"its session id is {_id_problem(session_id)}"
+    return None
+
+
+def _id_problem(session_id: Any) -> str | None:
+    if not isinstance(session_id, str) or not session_id:
+        return "empty"
+    try:
+        raw = session_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid Unicode"
+    if len(raw) > MAX_ID_BYTES:
+        return f"over {MAX_ID_BYTES} bytes"
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in session_id):
+        return "made of control characters in part"
+    return None
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def encode_compact(session: CompactSession, payload: bytes) -> bytes:
+    """The whole file: header, its CRC32C, the token payload and the payload's CRC32C."""
+    reason = unrepresentable(
+        session.pipeline_config(), session.numeric_path, session.dtype, session.session_id
+    )
+    if reason or len(session.fingerprint) != FINGERPRINT_HEX:
+        raise InvalidContainerInputError("<compact>", f"not a compact session: {reason}")
+    pipeline = (
+        CODECS.index(session.codec)
+        | RESIDUALS.index(session.residual) << 1
+        | NUMERICS.index(session.numerics) << 2
+    )
+    kinds = DTYPES.index(session.dtype) | CAPTURE_PATHS.index(session.numeric_path) << 4
+    head = bytearray(
+        _FIXED.pack(
+            MAGIC,
+            FORMAT_MAJOR,
+            COMPACT_MINOR,
+            LAYOUT_COMPACT,
+            pipeline,
+            bytes.fromhex(session.fingerprint),
+            kinds,
+        )
+    )
+    for value in (session.num_layers, session.num_kv_heads, session.head_dim, session.positions):
+        head += _varint(value)
+    head += struct.pack("<HH", session.log2_ppl_milli, session.token_check)
+    name = session.session_id.encode("utf-8")
+    head += _varint(len(name)) + name + _varint(len(payload))
+    head += crc32c(bytes(head)).to_bytes(4, "little")
+    return bytes(head) + payload + crc32c(payload).to_bytes(4, "little")
+
+
+def write_compact(path: str | os.PathLike[str], session: CompactSession, payload: bytes) -> int:
+    """Write the file atomically (temporary sibling, fsync, rename, fsync the directory)."""
+    path = os.fspath(path)
+    data = encode_compact(session, payload)
+    directory, base = os.path.split(os.path.abspath(path))
+    clean_stale_temporaries(path, (".tmp",))
+    tmp = os.path.join(directory, f".{base}.{run_tag()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(directory)
+    except OSError as error:
+        raise ContainerWriteError(path, f"cannot write: {describe_os_error(error)}") from None
+    return len(data)
+
+
+def is_compact(head: bytes) -> bool:
+    """Whether the first bytes of a file (magic checked by the caller) are this layout's."""
+    return (
+        len(head) > 12
+        and int.from_bytes(head[8:10], "little") == FORMAT_MAJOR
+        and int.from_bytes(head[10:12], "little") >= COMPACT_MINOR
+        and head[12] == LAYOUT_COMPACT
+    )
+
+
+class _Fields:
+    """Bounded parsing of the header bytes; running past them means the file is truncated."""
+
+    def __init__(self, path: str, data: bytes, pos: int) -> None:
+        self.path, self.data, self.pos = path, data, pos
+
+    def truncated(self) -> ContainerError:
+        return TruncatedContainerError(self.path, "the file ends inside its compact header")
+
+    def varint(self) -> int:
+        value = shift = 0
+        for _ in range(10):
+            if self.pos >= len(self.data):
+                raise self.truncated()
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+        raise MalformedContainerError(self.path, "a number in the compact header is too long")
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise self.truncated()
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+class CompactReader:
+    """A validated compact file, read through the same surface as ContainerReader.
+
+    It presents itself as a one-segment trie archive whose tables are `compact` (a
+    CompactSession) and whose one section is the token payload, `t1/tokens`.
+    """
+
+    generation = 1
+    damaged_slots: tuple[int, ...] = ()
+    uncommitted_bytes = 0
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as error:
+            raise ContainerError(self.path, f"cannot open ({error.strerror})") from None
+        try:
+            self.size = os.fstat(self._file.fileno()).st_size
+            self._parse(self._file.read(MAX_HEADER_BYTES))
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _parse(self, head: bytes) -> None:
+        if len(head) < _FIXED.size:
+            raise TruncatedContainerError(self.path, "the file ends inside its compact header")
+        _, major, minor, _, pipeline, fingerprint, kinds = _FIXED.unpack_from(head)
+        self.version = (major, minor)
+        if minor > FORMAT_MINOR:  # a newer minor may add fields this parser does not know
+            raise UnsupportedVersionError(
+                self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
+            )
+        fields = _Fields(self.path, head, _FIXED.size)
+        layers, heads, head_dim, positions = (fields.varint() for _ in range(4))
+        ppl, check = struct.unpack("<HH", fields.take(4))
+        name = fields.take(fields.varint())
+        length = fields.varint()
+        end = fields.pos
+        stored = int.from_bytes(fields.take(4), "little")
+        if crc32c(head[:end]) != stored:
+            raise CorruptContainerError(self.path, "the compact header's checksum does not match")
+        self.header_bytes = end + 4
+        if self.size < self.header_bytes + length + 4:
+            raise TruncatedContainerError(
+                self.path,
+                f"truncated: {self.size} bytes, but the header promises "
+                f"{self.header_bytes + length + 4}; copy the file again",
+            )
+        if self.size > self.header_bytes + length + 4:
+            raise MalformedContainerError(
+                self.path, f"{self.size - self.header_bytes - length - 4} bytes after its end"
+            )
+        bad = _bad_codes(pipeline, kinds)
+        if bad:
+            raise MalformedContainerError(self.path, f"invalid compact header: {bad}")
+        try:
+            session_id = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedContainerError(self.path, "its session id is not UTF-8") from None
+        problem = _id_problem(session_id)
+        if problem:
+            raise MalformedContainerError(self.path, f"its session id is {problem}")
+        if not (
+            1 <= layers <= MAX_SHAPE and 1 <= heads <= MAX_SHAPE and 1 <= head_dim <= MAX_SHAPE
+        ):
+            raise MalformedContainerError(
+                self.path, f"impossible shape ({layers} layers, {heads} heads, dim {head_dim})"
+            )
+        if not 1 <= positions < MAX_POSITIONS:
+            raise MalformedContainerError(self.path, f"impossible length ({positions} positions)")
+        self.compact = CompactSession(
+            codec=CODECS[pipeline & 1],
+            residual=RESIDUALS[pipeline >> 1 & 1],
+            numerics=NUMERICS[pipeline >> 2 & 1],
+            fingerprint=fingerprint.hex(),
+            session_id=session_id,
+            positions=positions,
+            dtype=DTYPES[kinds & 0xF],
+            numeric_path=CAPTURE_PATHS[kinds >> 4],
+            num_layers=layers,
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            log2_ppl_milli=ppl,
+            token_check=check,
+        )
+        self._payload_crc: int | None = None
+        self._entry = SectionEntry(TOKENS_SECTION, self.header_bytes, length, 0)
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The header a full trie archive of this session would have (no capture metadata)."""
+        return {
+            "pipeline": [self.compact.pipeline_config()],
+            "model": {"fingerprint": self.compact.fingerprint},
+            "sessions": [],
+            "meta": {},
+            "trie": {"version": 1},
+        }
+
+    @property
+    def index_bytes(self) -> int:
+        """Framing bytes: the header with its CRC32C and the payload's CRC32C."""
+        return self.header_bytes + 4
+
+    @property
+    def sections(self) -> list[SectionEntry]:
+        entry = self._entry
+        return [SectionEntry(entry.name, entry.offset, entry.length, self._crc())]
+
+    def _crc(self) -> int:
+        if self._payload_crc is None:
+            self._payload_crc = int.from_bytes(
+                self._read_at(self._entry.offset + self._entry.length, 4), "little"
+            )
+        return self._payload_crc
+
+    def read_section(self, name: str) -> bytes:
+        if name != TOKENS_SECTION:
+            raise SectionNotFoundError(
+                self.path, f"no section named {name!r} (a compact file has only {TOKENS_SECTION})"
+            )
+        data = self._read_at(self._entry.offset, self._entry.length)
+        if crc32c(data) != self._crc():
+            raise SectionCorruptError(
+                self.path, name, "the token payload is corrupt (checksum mismatch)"
+            )
+        return data
+
+    def verify(self) -> None:
+        self.read_section(TOKENS_SECTION)
+
+    def _read_at(self, offset: int, length: int) -> bytes:
+        """Read exactly `length` bytes; a short read means the file shrank under us."""
+        self._file.seek(offset)
+        data = self._file.read(length)
+        if len(data) != length:
+            raise TruncatedContainerError(
+                self.path, f"truncated: wanted {length} bytes at offset {offset}"
+            )
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> CompactReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _bad_codes(pipeline: int, kinds: int) -> str | None:
+    if pipeline >> 3:
+        return f"unknown pipeline bits 0x{pipeline:02x}"
+    if (kinds & 0xF) >= len(DTYPES):
+        return f"unknown dtype code {kinds & 0xF}"
+    if kinds >> 4 >= len(CAPTURE_PATHS):
+        return f"unknown capture numeric path code {kinds >> 4}"
+    return None

@@ -1,0 +1,231 @@
+"""Compact single-session files (format 1.2): layout, limits, and every way a file can be bad."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from seqkv_cli.container import (
+    ContainerError,
+    ContainerWriteError,
+    CorruptContainerError,
+    InvalidContainerInputError,
+    MalformedContainerError,
+    TruncatedContainerError,
+    UnsupportedVersionError,
+    open_container,
+)
+from seqkv_cli.container.compact import (
+    TOKENS_SECTION,
+    CompactReader,
+    CompactSession,
+    encode_compact,
+    write_compact,
+)
+from seqkv_cli.container.format import crc32c
+from seqkv_cli.container.reader import ContainerReader
+
+PAYLOAD = bytes(range(200)) * 2
+
+
+def session(**changes) -> CompactSession:
+    fields = {
+        "codec": "seq",
+        "residual": "lossless",
+        "numerics": "portable-fx53-v1",
+        "fingerprint": "c821f1a1b4d9b677",
+        "session_id": "prose",
+        "positions": 648,
+        "dtype": "bf16",
+        "numeric_path": "portable-fx53-v1",
+        "num_layers": 30,
+        "num_kv_heads": 3,
+        "head_dim": 64,
+        "log2_ppl_milli": 3788,
+        "token_check": 0xBEEF,
+    }
+    return CompactSession(**{**fields, **changes})
+
+
+def write(tmp_path, data: bytes, name="s.skv"):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_round_trip_fields_header_and_payload(tmp_path):
+    path = tmp_path / "one.skv"
+    size = write_compact(path, session(), PAYLOAD)
+    assert size == path.stat().st_size == len(PAYLOAD) + 48  # 43 bytes + the 5-byte id
+    with open_container(path) as reader:
+        assert isinstance(reader, CompactReader)
+        assert reader.version == (1, 2)
+        assert reader.compact == session()
+        assert reader.header["pipeline"] == [
+            {
+                "id": "seq",
+                "precision_bits": 24,
+                "chunk_size": 1024,
+                "residual": "lossless",
+                "numerics": "portable-fx53-v1",
+            }
+        ]
+        assert reader.header["model"] == {"fingerprint": "c821f1a1b4d9b677"}
+        assert "trie" in reader.header and reader.header["sessions"] == []
+        [entry] = reader.sections
+        assert (entry.name, entry.length) == (TOKENS_SECTION, len(PAYLOAD))
+        assert entry.crc32c == crc32c(PAYLOAD)
+        assert reader.read_section(TOKENS_SECTION) == PAYLOAD
+        reader.verify()
+        assert reader.index_bytes == size - len(PAYLOAD)
+    assert [p.name for p in tmp_path.iterdir()] == ["one.skv"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"codec": "seq-fast", "residual": "none", "numerics": "canonical-fp32-rb8-kb256-v1"},
+        {"dtype": "fp32", "numeric_path": "user-cache", "session_id": "chat <b>&amp;</b> ü"},
+        {"positions": 1, "log2_ppl_milli": 0xFFFF, "num_layers": 65535, "head_dim": 1},
+    ],
+)
+def test_every_enumerated_value_round_trips(tmp_path, changes):
+    path = tmp_path / "one.skv"
+    write_compact(path, session(**changes), PAYLOAD)
+    with open_container(path) as reader:
+        assert reader.compact == session(**changes)
+
+
+@pytest.mark.parametrize(
+    "changes, why",
+    [
+        ({"codec": "turbo3"}, "codec"),
+        ({"residual": "tolerance"}, "residual mode"),
+        ({"numerics": "portable-fx54-v9"}, "numeric path"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"numeric_path": "cuda-bf16"}, "capture numeric path"),
+        ({"session_id": ""}, "empty"),
+        ({"session_id": "a\nb"}, "control characters"),
+        ({"session_id": "x" * 1025}, "over 1024 bytes"),
+        ({"fingerprint": "c821"}, "not a compact session"),
+    ],
+)
+def test_the_writer_refuses_what_the_layout_cannot_hold(tmp_path, changes, why):
+    with pytest.raises(InvalidContainerInputError, match=why):
+        encode_compact(session(**changes), PAYLOAD)
+    with pytest.raises(InvalidContainerInputError):
+        write_compact(tmp_path / "x.skv", session(**changes), PAYLOAD)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_into_a_missing_directory_is_one_line_and_leaves_nothing(tmp_path):
+    with pytest.raises(ContainerWriteError, match="cannot write"):
+        write_compact(tmp_path / "no" / "x.skv", session(), PAYLOAD)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_truncation_is_refused(tmp_path):
+    data = encode_compact(session(), PAYLOAD)
+    for cut in range(len(data)):
+        path = write(tmp_path, data[:cut])
+        with pytest.raises(ContainerError) as info, open_container(path) as reader:
+            reader.verify()
+        assert "\n" not in str(info.value)
+        if cut >= 13:  # past the layout byte: it is known to be a compact file
+            assert isinstance(info.value, TruncatedContainerError | CorruptContainerError)
+
+
+def test_every_bit_flip_is_caught_before_a_token_is_decoded(tmp_path):
+    data = encode_compact(session(), PAYLOAD[:40])
+    for i in range(len(data)):
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[i] ^= 1 << bit
+            path = write(tmp_path, bytes(flipped))
+            with pytest.raises(ContainerError), open_container(path) as reader:
+                reader.verify()
+
+
+def _forge(fields: bytes, payload: bytes = b"xyz", head: bytes | None = None) -> bytes:
+    """A compact file whose header CRC is valid for whatever `fields` say."""
+    head = head or bytes.fromhex("89534b560d0a1a0a0100020001 00 c821f1a1b4d9b677 00")
+    body = head + fields
+    crc = crc32c(payload).to_bytes(4, "little")
+    return body + crc32c(body).to_bytes(4, "little") + payload + crc
+
+
+GOOD = bytes([30, 3, 64, 3]) + struct.pack("<HH", 1, 2) + b"\x01a" + b"\x03"
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (bytes([0, 3, 64, 3]) + GOOD[4:], "impossible shape"),
+        (bytes([30, 3, 0, 3]) + GOOD[4:], "impossible shape"),
+        (bytes([30, 3, 0x80, 0x80, 0x08, 3]) + GOOD[4:], "impossible shape"),
+        (bytes([30, 3, 64, 0]) + GOOD[4:], "impossible length"),
+        (bytes([30, 3, 64, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F]) + GOOD[4:], "impossible length"),
+        (GOOD[:8] + b"\x00" + b"\x03", "session id is empty"),
+        (GOOD[:8] + b"\x03a\x1bb" + b"\x03", "control characters"),
+        (GOOD[:8] + b"\x02\xff\xfe" + b"\x03", "not UTF-8"),
+        (GOOD[:8] + b"\x01a" + b"\x04", "truncated"),
+        (GOOD[:8] + b"\x01a" + b"\x02", "bytes after its end"),
+        (GOOD[:8] + b"\x01a" + b"\x80" * 11, "too long"),
+    ],
+)
+def test_checksum_valid_files_with_hostile_fields_are_refused(tmp_path, fields, message):
+    path = write(tmp_path, _forge(fields))
+    with pytest.raises(ContainerError, match=message) as info:
+        open_container(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_the_forged_baseline_itself_opens(tmp_path):
+    with open_container(write(tmp_path, _forge(GOOD))) as reader:
+        assert reader.compact.session_id == "a" and reader.read_section(TOKENS_SECTION) == b"xyz"
+
+
+@pytest.mark.parametrize(
+    "pipeline, kinds, message",
+    [(0x08, 0x00, "unknown pipeline bits"), (0x00, 0x03, "unknown dtype"), (0, 0x40, "path")],
+)
+def test_unknown_codes_are_refused(tmp_path, pipeline, kinds, message):
+    head = bytearray(bytes.fromhex("89534b560d0a1a0a0100020001 00 c821f1a1b4d9b677 00"))
+    head[13], head[22] = pipeline, kinds
+    with pytest.raises(MalformedContainerError, match=message):
+        open_container(write(tmp_path, _forge(GOOD, head=bytes(head))))
+
+
+def test_a_newer_minor_and_an_unknown_layout_ask_for_an_upgrade(tmp_path):
+    data = bytearray(encode_compact(session(), PAYLOAD))
+    data[10] = 3  # format 1.3
+    with pytest.raises(UnsupportedVersionError, match=r"format 1\.3\); upgrade seqkv"):
+        open_container(write(tmp_path, bytes(data)))
+    data[12] = 7  # a layout this seqkv does not know, in a 1.3 file
+    with pytest.raises(UnsupportedVersionError, match="upgrade seqkv"):
+        open_container(write(tmp_path, bytes(data)))
+
+
+def test_the_full_layout_reader_names_a_compact_file(tmp_path):
+    path = write(tmp_path, encode_compact(session(), PAYLOAD))
+    with pytest.raises(UnsupportedVersionError, match="compact single-session"):
+        ContainerReader(path)
+
+
+def test_a_section_the_file_does_not_hold(tmp_path):
+    path = write(tmp_path, encode_compact(session(), PAYLOAD))
+    with open_container(path) as reader, pytest.raises(ContainerError, match="only t1/tokens"):
+        reader.read_section("t1/index")
+
+
+def test_the_file_is_exactly_what_docs_format_md_specifies():
+    data = encode_compact(session(session_id="a", positions=300), b"PAYLOAD")
+    fixed = bytes.fromhex("89534b560d0a1a0a010002000100c821f1a1b4d9b67700")
+    fields = bytes([30, 3, 64]) + bytes([0xAC, 0x02]) + struct.pack("<HH", 3788, 0xBEEF)
+    fields += b"\x01a" + b"\x07"
+    body = fixed + fields
+    assert data == body + crc32c(body).to_bytes(4, "little") + b"PAYLOAD" + crc32c(
+        b"PAYLOAD"
+    ).to_bytes(4, "little")
+    assert len(data) - len(b"PAYLOAD") == 43  # the fixed cost of a one-character id
