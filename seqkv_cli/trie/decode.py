@@ -8,6 +8,7 @@ started and its sessions are out, so memory holds the current frontier, not the 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -91,36 +92,200 @@ def restore(
         )
         for n in needed
     }
-    adapter = CanonicalLogits(canon)
-    alive: dict[int, Run | Exception] = {}
-    pending_kids = {n: len(kids.get(n, [])) for n in needed}
-    ready = list(kids.get(-1, []))
+    plan = _Plan(CanonicalLogits(canon), nodes, kids, limit, source)
     stepping = capabilities(codec).steps_model
-    while ready:
-        batch, ready = (ready[:LOCKSTEP], ready[LOCKSTEP:]) if stepping else (ready[:1], ready[1:])
-        runs = []
-        for n in batch:
-            parent = nodes[n].parent
+    for n, done in plan.stepped() if stepping else plan.prefilled():
+        for s in ending.get(n, []):
+            yield s, _session(done, contents, s, entries[s], reads[s], canon)
+
+
+class _Plan:
+    """Which nodes run when, and when their results are final.
+
+    A child needs only its parent's state at its branch point: with `seq` it starts as soon
+    as the parent's decoder passes that point (nodes are never split, so most children branch
+    off inside their parent), taking a free row at the next model pass. A result is final
+    once every ancestor has passed its own end checks: a child that finishes first waits, and
+    one whose ancestor fails fails with it (its prefix was decoded from a damaged stream).
+    """
+
+    def __init__(self, adapter, nodes, kids, limit, source: NodeSource) -> None:
+        self.adapter, self.nodes, self.kids, self.limit = adapter, nodes, kids, limit
+        self.source = source
+        self.alive: dict[int, Run | Exception] = {}  # states children still fork from
+        self.pending_kids = {n: len(kids.get(n, [])) for n in limit}
+        self.queued: set[int] = set()
+        self.ready: deque[int] = deque()
+        self.finished: dict[int, Run | Exception] = {}  # done, an ancestor not yet settled
+        self.settled: dict[int, Run | Exception] = {}
+        self._queue(kids.get(-1, []))
+
+    def _queue(self, nodes) -> None:
+        for n in nodes:
+            if n not in self.queued:
+                self.queued.add(n)
+                self.ready.append(n)
+
+    def start(self, n: int, stepping: bool) -> Run | Exception:
+        """The node's run, forked from its parent (whose state is dropped after its last
+        child has forked and it is settled), or the error that prevents it."""
+        parent = self.nodes[n].parent
+        try:
+            run = _start(
+                self.adapter, self.alive.get(parent), n, self.nodes, self.source, stepping,
+                self.limit[n],
+            )  # fmt: skip
+            run.want_rows = {self.nodes[c].attach for c in self.kids.get(n, [])}
+        except SeqkvError as exc:
+            run = exc
+        if parent >= 0:
+            self.pending_kids[parent] -= 1
+            if self.pending_kids[parent] == 0 and parent in self.settled:
+                self.alive.pop(parent, None)
+        if self.pending_kids[n]:
+            self.alive[n] = run
+        return run
+
+    def passed(self, n: int, offset: int) -> None:
+        """Node `n` has decoded `offset` tokens: children branching there can start."""
+        self._queue(c for c in self.kids.get(n, []) if self.nodes[c].attach == offset)
+
+    def finish(self, n: int, done: Run | Exception) -> list[tuple[int, Run | Exception]]:
+        """Record a node's result; return the results this makes final, parents first."""
+        if self.pending_kids[n]:
+            self.alive[n] = done
+        self._queue(self.kids.get(n, []))  # children the node never reached start (and fail)
+        self.finished[n] = done
+        parent = self.nodes[n].parent
+        if parent >= 0 and parent not in self.settled:
+            return []  # final once its parent is
+        out, todo = [], [n]
+        while todo:
+            m = todo.pop()
+            result = self.finished.pop(m)
+            up = self.nodes[m].parent
+            if up >= 0 and isinstance(self.settled[up], Exception):
+                result = SeqkvError(f"its prefix could not be decoded: {self.settled[up]}")
+            self.settled[m] = result
+            if self.pending_kids[m] == 0:
+                self.alive.pop(m, None)
+            else:
+                self.alive[m] = result
+            out.append((m, result))
+            todo.extend(c for c in self.kids.get(m, []) if c in self.finished)
+        return out
+
+    def prefilled(self) -> Iterator[tuple[int, Run | Exception]]:
+        """seq-fast: each node is one prefill of its known tokens."""
+        while self.ready:
+            n = self.ready.popleft()
+            run = self.start(n, stepping=False)
+            if isinstance(run, Run):
+                prefill(self.adapter, run)
+            self.adapter.tracks.clear()
+            yield from self.finish(n, run)
+
+    def stepped(self) -> Iterator[tuple[int, Run | Exception]]:
+        """seq: every running node steps once per model pass, as one row of it; a node that
+        becomes ready takes a free row at the next pass (continuous batching)."""
+        from seqkv_codecs.sequential.probability import frequencies_from_logits
+
+        active: dict[int, _Stepper] = {}
+        while self.ready or active:
+            while self.ready and len(active) < LOCKSTEP:
+                n = self.ready.popleft()
+                stepper = _Stepper.begin(self.start(n, stepping=True), self.adapter, self.source)
+                if isinstance(stepper, Exception):
+                    yield from self.finish(n, stepper)
+                else:
+                    active[n] = stepper
+            self.adapter.tracks.clear()  # the runs hold their tracks; nothing else should
+            fed = []
+            for n, stepper in list(active.items()):
+                error = stepper.step()
+                if error is None:
+                    fed.append(stepper)
+                else:
+                    del active[n]
+                    yield from self.finish(n, error)
+            if not fed:
+                continue
+            ids = np.array([f.last_token for f in fed], dtype=np.int64)
+            logits = self.adapter.feed_rows([f.run.track for f in fed], ids)
+            freqs = frequencies_from_logits(logits, self.source.precision)
+            for i, stepper in enumerate(fed):
+                n = stepper.run.node
+                result = stepper.took(logits[i], freqs[i])
+                self.passed(n, stepper.decoder.pos)
+                if result is not None:
+                    del active[n]
+                    yield from self.finish(n, result)
+
+
+class _Stepper:
+    """One `seq` node being decoded a token per model pass."""
+
+    def __init__(self, run: Run, decoder, row) -> None:
+        self.run, self.decoder, self.row = run, decoder, row
+
+    @classmethod
+    def begin(cls, run, adapter, source: NodeSource):
+        from seqkv_codecs.errors import CodecError
+        from seqkv_codecs.sequential.node_stream import NodeDecoder
+        from seqkv_codecs.sequential.probability import frequencies_from_logits
+        from seqkv_codecs.sequential.token_coder import uniform_row
+
+        if isinstance(run, Exception):
+            return run
+        node = source.contents.nodes[run.node]
+        try:
+            decoder = NodeDecoder(
+                source.payload(run.node),
+                node.n_tokens,
+                node.check,
+                source.precision,
+                max_tokens=adapter.canon.max_context,
+            )
+        except CodecError as exc:
+            return SeqkvError(f"node {run.node}: {exc}")
+        row = (
+            uniform_row(adapter.vocab_size, source.precision)
+            if run.first_row is None
+            else frequencies_from_logits(run.first_row.numpy(), source.precision)
+        )
+        run.tokens = decoder.out
+        return cls(run, decoder, row)
+
+    def step(self) -> Exception | None:
+        """Decode the next token under the current row."""
+        from seqkv_codecs.errors import CodecError
+
+        try:
+            self.decoder.step(self.row)
+        except CodecError as exc:
+            return SeqkvError(f"node {self.run.node} does not decode: {exc}")
+        return None
+
+    @property
+    def last_token(self) -> int:
+        return int(self.decoder.out[self.decoder.pos - 1])
+
+    def took(self, logits: np.ndarray, freq: np.ndarray) -> Run | Exception | None:
+        """The pass's logits after the last token: None while the node goes on, else the
+        finished run (or the error its stream's final checks raised)."""
+        from seqkv_codecs.errors import CodecError
+
+        dec, run = self.decoder, self.run
+        run.keep_row(dec.pos, torch.from_numpy(logits.copy()))
+        self.row = freq
+        if dec.pos < run.n_tokens:
+            return None
+        if dec.done:  # decoded to its end: the stream's flush and token check must hold
             try:
-                run = _start(adapter, alive.get(parent), n, nodes, source, stepping, limit[n])
-                run.want_rows = {nodes[c].attach for c in kids.get(n, [])}
-                runs.append(run)
-            except SeqkvError as exc:
-                runs.append(exc)
-            if parent >= 0:
-                pending_kids[parent] -= 1
-                if pending_kids[parent] == 0:
-                    alive.pop(parent, None)
-        live = [r for r in runs if isinstance(r, Run)]
-        errors = _step_all(adapter, live, source) if stepping else _prefill_all(adapter, live)
-        for n, run in zip(batch, runs, strict=True):
-            done = errors.get(n, run)
-            for s in ending.get(n, []):
-                yield s, _session(done, contents, s, entries[s], reads[s], canon)
-            if pending_kids[n]:
-                alive[n] = done
-            ready += kids.get(n, [])
-        adapter.tracks.clear()
+                dec.close()
+            except CodecError as exc:
+                return SeqkvError(f"node {run.node}: {exc}")
+        return run  # else stopped early: the rest of the node is not needed
 
 
 def _start(adapter, parent, n, nodes, source: NodeSource, stepping: bool, limit: int) -> Run:
@@ -129,72 +294,6 @@ def _start(adapter, parent, n, nodes, source: NodeSource, stepping: bool, limit:
         raise SeqkvError(f"its prefix could not be decoded: {parent}")
     tokens = None if stepping else source.tokens(n)
     return start_run(adapter, parent, n, node.start, node.attach, limit, tokens)
-
-
-def _prefill_all(adapter, runs: list[Run]) -> dict:
-    for run in runs:
-        prefill(adapter, run)
-    return {}
-
-
-def _step_all(adapter: CanonicalLogits, runs: list[Run], source: NodeSource) -> dict:
-    """Decode the runs' tokens in lockstep; returns {node: error} for the runs that failed."""
-    from seqkv_codecs.errors import CodecError
-    from seqkv_codecs.sequential.node_stream import NodeDecoder
-    from seqkv_codecs.sequential.probability import frequencies_from_logits
-    from seqkv_codecs.sequential.token_coder import uniform_row
-
-    errors: dict[int, Exception] = {}
-    precision = source.precision
-    decs, rows = {}, {}
-    for run in runs:
-        node = source.contents.nodes[run.node]
-        try:
-            decs[run.node] = NodeDecoder(
-                source.payload(run.node),
-                node.n_tokens,
-                node.check,
-                precision,
-                max_tokens=adapter.canon.max_context,
-            )
-        except CodecError as exc:
-            errors[run.node] = SeqkvError(f"node {run.node}: {exc}")
-            continue
-        rows[run.node] = (
-            uniform_row(adapter.vocab_size, precision)
-            if run.first_row is None
-            else frequencies_from_logits(run.first_row.numpy(), precision)
-        )
-        run.tokens = decs[run.node].out
-    live = [r for r in runs if r.node in decs]
-    while live:
-        fed = []
-        for run in live:
-            try:
-                decs[run.node].step(rows[run.node])
-                fed.append(run)
-            except CodecError as exc:
-                errors[run.node] = SeqkvError(f"node {run.node} does not decode: {exc}")
-        if not fed:
-            break
-        ids = np.array([decs[r.node].out[decs[r.node].pos - 1] for r in fed], dtype=np.int64)
-        logits = adapter.feed_rows([r.track for r in fed], ids)
-        freqs = frequencies_from_logits(logits, precision)
-        live = []
-        for i, run in enumerate(fed):
-            dec = decs[run.node]
-            run.keep_row(dec.pos, torch.from_numpy(logits[i].copy()))
-            rows[run.node] = freqs[i]
-            if dec.pos < run.n_tokens:
-                live.append(run)
-                continue
-            if not dec.done:
-                continue  # stopped early: the rest of the node is not needed
-            try:
-                dec.close()
-            except CodecError as exc:
-                errors[run.node] = SeqkvError(f"node {run.node}: {exc}")
-    return errors
 
 
 def _session(run, contents: TrieContents, s: int, entry: dict, read, canon):

@@ -57,7 +57,12 @@ def test_sessions_prefix_reuse_is_exact_and_archives_scale(run):
     assert (one["sessions"], three["sessions"]) == (1, 3)
     assert three["positions"] == 3 * (out["prefix_tokens"] + out["tail_tokens"])
     assert three["decode_s"] > 0 and three["separate"].startswith("estimated")
-    assert three["separate_bytes"] > three["file_bytes"]  # one archive beats three files
+    # the prefix is coded once: three sessions' tokens cost well under three times one's
+    tokens = {r["sessions"]: r["token_bits_per_position"] * r["positions"] for r in (one, three)}
+    assert tokens[3] < 2 * tokens[1]
+    # (at these sizes, 80 tokens a session, three compact single-session files are smaller
+    # than one trie archive with its ~900 bytes of tables and index: the full-size bench
+    # compares them where prefixes are long)
 
 
 def test_context_decode_clock(run):

@@ -1,0 +1,102 @@
+"""Continuous batching in trie restore: a node that becomes ready takes a free row at the
+next model pass instead of waiting for the nodes it was not batched with."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.api import capture
+from seqkv_cli.kvcapture.capture_file import load_capture
+from seqkv_cli.sequential.adapter import CanonicalLogits
+from seqkv_cli.skv.compress import compress_captures, same_capture
+from seqkv_cli.skv.restore import Archive
+
+ROOT = "Shared system prompt. " * 3  # the byte-level tiny tokenizer: one token per byte
+
+
+@pytest.fixture(scope="module")
+def tree(tiny_lm, tmp_path_factory):
+    """Nodes are never split: a1 is the root (96 tokens); b branches off it at 66 (60
+    tokens of its own) and a2 at 76 (20 tokens)."""
+    folder = tmp_path_factory.mktemp("batching")
+    texts = {
+        "a1": ROOT + "a" * 10 + "b" * 20,
+        "a2": ROOT + "a" * 10 + "c" * 20,
+        "b": ROOT + "d" * 60,
+    }
+    for name, text in texts.items():
+        (folder / f"{name}.txt").write_text(text)
+    caps = [
+        r.path
+        for r in capture(sorted(str(p) for p in folder.glob("*.txt")), model=tiny_lm, out=folder)
+    ]
+    path = folder / "tree.skv"
+    compress_captures(caps, path, codec="seq", model=tiny_lm)
+    with Archive(path) as arc:
+        shape = [(n.parent, n.attach, n.n_tokens) for n in arc.trie.nodes]
+    assert sorted(shape) == [(-1, 0, 96), (0, 66, 60), (0, 76, 20)]  # the tree meant here
+    return path, caps
+
+
+def counted(monkeypatch) -> list[int]:
+    """Rows of every canonical model pass, in order."""
+    passes: list[int] = []
+    real = CanonicalLogits.feed_rows
+    monkeypatch.setattr(
+        CanonicalLogits,
+        "feed_rows",
+        lambda self, tracks, ids: passes.append(len(tracks)) or real(self, tracks, ids),
+    )
+    return passes
+
+
+def test_children_start_where_they_branch_and_the_output_is_unchanged(tree, tiny_lm, monkeypatch):
+    path, caps = tree
+    with Archive(path, model=tiny_lm) as arc:
+        passes = counted(monkeypatch)
+        restored = {e["id"]: r for e, r in arc.restore_many(arc.sessions)}
+    # b joins after the root's 66th token, a2 after its 76th: 126 passes where waiting for
+    # the root to end would take 96 + 60
+    assert passes == [1] * 66 + [2] * 10 + [3] * 20 + [1] * 30
+    for p in caps:
+        cap = load_capture(p)
+        assert same_capture(cap, restored[cap.session_id])
+
+
+def test_a_full_batch_admits_waiting_nodes_as_rows_free_up(tree, tiny_lm, monkeypatch):
+    from seqkv_cli.trie import decode
+
+    path, caps = tree
+    monkeypatch.setattr(decode, "LOCKSTEP", 1)  # one row: the nodes run one after another
+    with Archive(path, model=tiny_lm) as arc:
+        passes = counted(monkeypatch)
+        restored = {e["id"]: r for e, r in arc.restore_many(arc.sessions)}
+    assert passes == [1] * (96 + 60 + 20)
+    for p in caps:
+        cap = load_capture(p)
+        assert same_capture(cap, restored[cap.session_id])
+
+
+def test_a_child_that_ends_first_waits_for_its_parent_and_fails_with_it(tree, tiny_lm, monkeypatch):
+    """The root's stream fails its end check after both children forked from it: their
+    prefixes came from a stream that turned out damaged, so no session comes out whole."""
+    from seqkv_codecs.errors import CodecError
+    from seqkv_codecs.sequential.node_stream import NodeDecoder
+
+    real = NodeDecoder.close
+
+    def close(self):
+        if self.n == 96:
+            raise CodecError("flush check failed (simulated)")
+        return real(self)
+
+    monkeypatch.setattr(NodeDecoder, "close", close)
+    path, _ = tree
+    with Archive(path, model=tiny_lm) as arc:
+        got = [(e["id"], r) for e, r in arc.restore_many(arc.sessions)]
+    assert sorted(sid for sid, _ in got) == ["a1", "a2", "b"]
+    for sid, result in got:
+        assert isinstance(result, SeqkvError), sid
+        assert "flush check failed (simulated)" in str(result)
+    assert "its prefix could not be decoded" in str(dict(got)["b"])
