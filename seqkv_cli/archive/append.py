@@ -97,7 +97,9 @@ def _expand_compact(appender, model, path):
     against the file's fingerprint, is returned for the append that follows."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.skv.identity import fingerprint_matches
-    from seqkv_cli.trie.compact import expanded
+    from seqkv_cli.trie.compact import tables_of
+    from seqkv_cli.trie.store import TRIE_VERSION, part_name
+    from seqkv_cli.trie.tables import encode_tables
 
     lm = model if isinstance(model, LoadedModel) else load_model(model)
     want = appender.reader.compact.fingerprint
@@ -111,7 +113,17 @@ def _expand_compact(appender, model, path):
         "tokenizer_fingerprint": lm.tokenizer_fingerprint,
         "name": lm.name,
     }
-    appender.rewrite(*expanded(appender.reader, ident))
+    session = appender.reader.compact
+    payload = appender.reader.read_section(part_name(1, "tokens"))
+    header = {
+        "pipeline": [session.pipeline_config()],
+        "model": ident,
+        "sessions": [],
+        "meta": {"expanded_from": "compact single-session file"},
+        "trie": {"version": TRIE_VERSION},
+    }
+    index = encode_tables(tables_of(session, len(payload)), 0)
+    appender.rewrite(header, [(part_name(1, "index"), index), (part_name(1, "tokens"), payload)])
     return lm
 
 

@@ -2,15 +2,15 @@
 
 A compact file is exactly a one-node, one-session trie archive without its JSON: the same
 token payload (`t1/tokens`), with the node and session tables held in the container's binary
-header. Reading turns that header into the tables `store.load` would have built; `archive
-add` expands a compact file into the full layout (the same payload bytes, new tables) before
-it appends. Which sessions qualify: `compact_form`.
+header. Reading turns that header into the tables `store.load` would have built (`tables_of`);
+`archive add` expands a compact file into the full layout with the same tables and payload
+bytes before it appends (archive/append.py). Which sessions qualify: `compact_form`.
 """
 
 from __future__ import annotations
 
 from seqkv_cli.container.compact import FINGERPRINT_HEX, CompactSession, unrepresentable
-from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord, encode_tables
+from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord
 
 # What a compact file keeps about a session beyond what it needs to decode: nothing. The
 # capture's provenance (source, capture time, versions) is dropped; a replay record is not,
@@ -76,24 +76,3 @@ def tables_of(session: CompactSession, payload_bytes: int) -> SegmentTables:
     }
     record = SessionRecord(session.session_id, 0, session.positions, session.log2_ppl_milli)
     return SegmentTables([node], [record], [profile])
-
-
-def expanded(reader, model: dict) -> tuple[dict, list[tuple[str, bytes]]]:
-    """Header and sections of the full-layout archive equal to compact file `reader`.
-
-    `model` is the identity of the model checked against the file's fingerprint: the full
-    header names it whole, as any archive written by `compress` does.
-    """
-    from seqkv_cli.trie.store import TRIE_VERSION, part_name
-
-    session = reader.compact
-    payload = reader.read_section(part_name(1, "tokens"))
-    index = encode_tables(tables_of(session, len(payload)), 0)
-    header = {
-        "pipeline": [session.pipeline_config()],
-        "model": model,
-        "sessions": [],
-        "meta": {"expanded_from": "compact single-session file"},
-        "trie": {"version": TRIE_VERSION},
-    }
-    return header, [(part_name(1, "index"), index), (part_name(1, "tokens"), payload)]
