@@ -16,8 +16,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 from seqkv_cli.container.errors import (
     ContainerError,
@@ -33,6 +32,7 @@ from seqkv_cli.container.errors import (
 )
 from seqkv_cli.container.format import FORMAT_MAJOR, FORMAT_MINOR, MAGIC, crc32c
 from seqkv_cli.container.index import SectionEntry
+from seqkv_cli.container.openfile import OpenFile
 from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
 
 COMPACT_MINOR = 2  # format 1.2 added this layout
@@ -229,7 +229,7 @@ class _Fields:
         return out
 
 
-class CompactReader:
+class CompactReader(OpenFile):
     """A validated compact file, read through the same surface as ContainerReader.
 
     It presents itself as a one-segment trie archive whose tables are `compact` (a
@@ -241,13 +241,8 @@ class CompactReader:
     uncommitted_bytes = 0
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
+        super().__init__(path)
         try:
-            self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
-        except OSError as error:
-            raise ContainerError(self.path, f"cannot open ({error.strerror})") from None
-        try:
-            self.size = os.fstat(self._file.fileno()).st_size
             self._parse(self._file.read(MAX_HEADER_BYTES))
         except BaseException:
             self._file.close()
@@ -360,30 +355,6 @@ class CompactReader:
 
     def verify(self) -> None:
         self.read_section(TOKENS_SECTION)
-
-    def _read_at(self, offset: int, length: int) -> bytes:
-        """Read exactly `length` bytes; a short read means the file shrank under us."""
-        self._file.seek(offset)
-        data = self._file.read(length)
-        if len(data) != length:
-            raise TruncatedContainerError(
-                self.path, f"truncated: wanted {length} bytes at offset {offset}"
-            )
-        return data
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> CompactReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _bad_codes(pipeline: int, kinds: int) -> str | None:

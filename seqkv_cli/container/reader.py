@@ -8,12 +8,10 @@ when asked for, so a multi-gigabyte archive opens in constant memory.
 from __future__ import annotations
 
 import os
-from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 from seqkv_cli.container.compact import COMPACT_MINOR, CompactReader, is_compact
 from seqkv_cli.container.errors import (
-    ContainerError,
     CorruptContainerError,
     HeaderTooLargeError,
     MalformedContainerError,
@@ -44,18 +42,15 @@ from seqkv_cli.container.index import (
     merge_records,
     parse_record,
 )
+from seqkv_cli.container.openfile import OpenFile
 from seqkv_cli.container.schema import SchemaViolation
 
 
-class ContainerReader:
+class ContainerReader(OpenFile):
     """A validated, open `.skv` file; use as a context manager or call `close()`."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        try:
-            self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
-        except OSError as error:
-            raise ContainerError(self.path, f"cannot open ({error.strerror})") from None
+        super().__init__(path)
         try:
             self._load()
         except BaseException:
@@ -63,7 +58,6 @@ class ContainerReader:
             raise
 
     def _load(self) -> None:
-        self.size = os.fstat(self._file.fileno()).st_size
         head = self._read_at(0, min(self.size, SUPERBLOCK_SIZE))
         if len(head) < len(MAGIC):
             raise NotAContainerError(self.path, f"too short to be an .skv file ({self.size} bytes)")
@@ -215,30 +209,6 @@ class ContainerReader:
         for start in range(offset, offset + length, CRC_CHUNK):
             crc = crc32c(self._read_at(start, min(CRC_CHUNK, offset + length - start)), crc)
         return crc
-
-    def _read_at(self, offset: int, length: int) -> bytes:
-        """Read exactly `length` bytes; a short read means the file shrank under us."""
-        self._file.seek(offset)
-        data = self._file.read(length)
-        if len(data) != length:
-            raise TruncatedContainerError(
-                self.path, f"truncated: wanted {length} bytes at offset {offset}"
-            )
-        return data
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> ContainerReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def open_container(path: str | os.PathLike[str]) -> ContainerReader | CompactReader:
