@@ -18,6 +18,8 @@ HF_NUMERIC_PATH = f"transformers-fp32-chunk{CHUNK}"
 def tokenize(lm, doc) -> list[int]:
     """Token ids of a document: plain text as is, chat sessions through the chat template."""
     tok = lm.tokenizer
+    if getattr(doc, "token_ids", None) is not None:
+        return list(doc.token_ids)
     if doc.messages is not None:
         if not getattr(tok, "chat_template", None):
             raise SeqkvError(f"{doc.source}: the model's tokenizer has no chat template")

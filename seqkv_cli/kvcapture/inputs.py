@@ -1,15 +1,16 @@
-"""Inputs to capture: text files, stdin, and JSONL chat sessions (one capture per session)."""
+"""Inputs to capture: text files, stdin, and session datasets (JSONL or Parquet, one session a
+row: chat messages, text or token ids; kvcapture/rows.py), one capture per session."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.rows import is_dataset, iter_rows
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_STEM = 120  # bytes; names stay well under the 255-byte limit with suffix and temp prefix
@@ -51,6 +52,7 @@ class Document:
     source: str
     text: str | None = None
     messages: tuple[dict, ...] | None = None
+    token_ids: tuple[int, ...] | None = None  # already tokenized: used as they are
 
     @property
     def file_stem(self) -> str:
@@ -89,6 +91,8 @@ def read_inputs(paths: list[str]) -> list[Document]:
 
 
 def _read_file(path: Path) -> list[Document]:
+    if is_dataset(path):
+        return _read_sessions(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -99,8 +103,6 @@ def _read_file(path: Path) -> list[Document]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SeqkvError(f"{path} is not UTF-8 text (byte {exc.start})") from None
-    if path.suffix == ".jsonl":
-        return _read_sessions(path, text)
     return [_text_doc(path.stem, str(path), text)]
 
 
@@ -110,30 +112,17 @@ def _text_doc(doc_id: str, source: str, text: str) -> Document:
     return Document(id=doc_id, source=source, text=text)
 
 
-def _read_sessions(path: Path, text: str) -> list[Document]:
-    docs = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SeqkvError(f"{where}: malformed JSON ({exc.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
-            raise SeqkvError(f'{where}: expected {{"id": ..., "messages": [...]}}')
-        messages = obj["messages"]
-        if not messages:
-            raise SeqkvError(f"{where}: session has no messages")
-        for m in messages:
-            if not (
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-            ):
-                raise SeqkvError(f'{where}: each message needs string "role" and "content"')
-        session_id = str(obj.get("id", f"{path.stem}-{lineno}"))
-        docs.append(Document(id=session_id, source=where, messages=tuple(messages)))
+def _read_sessions(path: Path) -> list[Document]:
+    docs = [
+        Document(
+            id=row.id,
+            source=row.where,
+            text=row.text,
+            messages=row.messages,
+            token_ids=row.token_ids,
+        )
+        for row in iter_rows(path, default_ids=True)
+    ]
     if not docs:
         raise SeqkvError(f"empty input: {path} holds no sessions")
     return docs
