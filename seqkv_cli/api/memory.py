@@ -214,8 +214,8 @@ class MemoryArchive:
         from seqkv_cli.trie.sources import Source
 
         self._open()
-        sid = _check_id(session_id)
-        ids = _token_list(input_ids, self._lm.vocab_size)
+        sid = check_session_id(session_id)
+        ids = token_list(input_ids, self._lm.vocab_size)
         if residual not in RESIDUAL_CHOICES:
             raise SeqkvError(f"residual must be one of {RESIDUAL_CHOICES}, not {residual!r}")
         if tolerance is not None and residual in ("none", "replay"):
@@ -380,7 +380,7 @@ def open_archive(path, model=None, *, tokenizer=None, codec="seq", numerics=None
     return MemoryArchive(path, model, tokenizer=tokenizer, codec=codec, numerics=numerics)
 
 
-def _check_id(session_id) -> str:
+def check_session_id(session_id) -> str:
     if not isinstance(session_id, str) or not session_id:
         raise SeqkvError(f"a session id must be a non-empty string, not {session_id!r}")
     if len(session_id) > MAX_ID_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in session_id):
@@ -391,7 +391,7 @@ def _check_id(session_id) -> str:
     return session_id
 
 
-def _token_list(input_ids, vocab_size: int) -> list[int]:
+def token_list(input_ids, vocab_size: int) -> list[int]:
     """Token ids from a list, a 1-D tensor/array, or a (1, n) batch."""
     import numpy as np
 

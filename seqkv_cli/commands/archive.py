@@ -22,7 +22,10 @@ archive_app = typer.Typer(
     help="Multi-session archives: add sessions, list, extract one, compact.",
     no_args_is_help=True,
 )
-ArchiveArg = Annotated[Path, typer.Argument(help="The .skv archive.")]
+ArchiveArg = Annotated[
+    Path,
+    typer.Argument(help="The .skv archive (list/extract: or a sharded archive's directory)."),
+]
 
 
 def _waiting() -> None:
@@ -50,9 +53,14 @@ def add_command(
 @archive_app.command("list")
 @handle_errors
 def list_command(archive: ArchiveArg) -> None:
-    """Sessions: id, tokens, bytes of their own, and how much prefix they share."""
+    """Sessions: id, tokens, bytes of their own, and how much prefix they share (a sharded
+    archive: its directory or manifest.parquet, one row per session with its shard)."""
+    from seqkv_cli.archive.manifest import manifest_file
     from seqkv_cli.archive.summary import session_rows
 
+    if manifest_file(archive) is not None:
+        _list_manifest(archive)
+        return
     rows, note = session_rows(archive)
     table = Table(title=f"{shown(archive)}: {len(rows)} session(s)")
     for col in ("id", "tokens", "own bytes", "shared prefix", "segment"):
@@ -68,6 +76,27 @@ def list_command(archive: ArchiveArg) -> None:
     console.print(table)
     if note:
         console.print(shown(note), highlight=False)
+
+
+def _list_manifest(path: Path) -> None:
+    from seqkv_cli.archive.manifest import read_manifest
+
+    man = read_manifest(path)
+    rows = man.rows
+    table = Table(
+        title=f"{shown(man.root)}: {len(rows)} session(s) in {len(man.shards())} shard(s)"
+    )
+    for col in ("id", "tokens", "own bytes", "shared prefix", "shard"):
+        table.add_column(col, justify="left" if col in ("id", "shard") else "right")
+    for r in rows.itertuples(index=False):
+        table.add_row(
+            shown(r.session_id),
+            f"{r.tokens:,}",
+            human_bytes(int(r.bytes)),
+            f"{r.shared_prefix:,}",
+            shown(r.shard),
+        )
+    console.print(table)
 
 
 @archive_app.command("extract")
@@ -86,6 +115,10 @@ def extract_command(
 
     if out.is_dir():
         raise SeqkvError(f"{out} is a directory; give the capture file's name")
+    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+
+    if manifest_file(archive) is not None:  # a sharded archive: the shard that holds the id
+        archive = read_manifest(archive).shard_of(session_id)
     refuse_output_in_inputs(out, [archive])
     ensure_writable_dir(out.parent)
     with Archive(archive, model=model) as arc:

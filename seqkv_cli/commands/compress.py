@@ -8,15 +8,29 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
+from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes, shown
 from seqkv_cli.commands.capture import ModelOption, NumericsOption, ThreadsOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
 def compress_command(
-    captures: Annotated[list[Path], typer.Argument(help="Capture files (.safetensors).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The .skv file to write.")],
+    captures: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Capture files (.safetensors), or session datasets (.jsonl/.parquet: one "
+            "session a row, an id and messages, text or token_ids)."
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="The .skv file to write; for datasets, a directory gets shards grouped by "
+            "shared prefix and a manifest.parquet.",
+        ),
+    ],
     codec: Annotated[str, typer.Option(help="Codec id; `seqkv codecs` lists them.")] = "seq",
     model: ModelOption = None,
     threads: ThreadsOption = None,
@@ -55,8 +69,54 @@ def compress_command(
         ),
     ] = False,
     numerics: NumericsOption = "portable",
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Datasets into a directory: run on Ray Data. 'local' starts a cluster here, "
+            "'auto' joins a running one, or a cluster address (ray://host:10001).",
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Ray: model actors.")] = 1,
+    cpus_per_worker: Annotated[float, typer.Option(min=0.01, help="Ray: CPUs an actor.")] = 1.0,
+    gpus_per_worker: Annotated[float, typer.Option(min=0, help="Ray: GPUs an actor.")] = 0.0,
+    prefix_tokens: Annotated[
+        int,
+        typer.Option(min=1, help="Datasets: sessions whose first N tokens agree share a shard."),
+    ] = 64,
+    shard_sessions: Annotated[int, typer.Option(min=1, help="Datasets: sessions a shard.")] = 1000,
+    shard_tokens: Annotated[
+        int, typer.Option(min=1, help="Datasets: tokens a shard (a byte target's proxy).")
+    ] = 2_000_000,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Datasets: refuse a session longer than the model context (default: "
+            "skip it and count it).",
+        ),
+    ] = False,
 ) -> None:
-    """Compress captures into one self-describing .skv container."""
+    """Compress captures (or session datasets) into self-describing .skv containers."""
+    from seqkv_cli.kvcapture.rows import is_dataset
+
+    datasets = [p for p in captures if is_dataset(p)]
+    if datasets:
+        if len(datasets) != len(captures):
+            raise SeqkvError("give capture files or session datasets, not both")
+        from seqkv_cli.runtime.numerics import resolve
+        from seqkv_cli.scale.common import DatasetOptions
+
+        options = DatasetOptions(
+            prefix_tokens, shard_sessions, shard_tokens, strict, codec, resolve(numerics), verify
+        )
+        _compress_datasets(
+            datasets, out, model, options, ray, workers, cpus_per_worker, gpus_per_worker
+        )
+        return
+    if ray is not None:
+        raise SeqkvError("--ray runs session datasets (.jsonl/.parquet), not capture files")
     from seqkv_cli.fsutil import refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
     from seqkv_cli.sequential.registry import (
@@ -108,6 +168,48 @@ def compress_command(
         f"K/V {human_bytes(res.input_kv_bytes)} -> {human_bytes(res.file_bytes)} file "
         f"({res.input_kv_bytes / max(res.file_bytes, 1):.2f}x) with {codec}, {res.layout} layout"
     )
+
+
+def _compress_datasets(paths, out, model, options, ray, workers, cpus, gpus) -> None:
+    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.scale.local import compress_dataset, compress_dataset_to_file
+
+    refuse_output_in_inputs(out, paths)
+    if out.suffix == ".skv":
+        if ray is not None:
+            raise SeqkvError("--ray writes shards into a directory; give -o a directory")
+        res = compress_dataset_to_file(paths, out, model, options)
+        console.print(
+            f"{shown(out)}: {res.sessions} session(s), {res.positions:,} positions, "
+            f"{human_bytes(res.file_bytes)} ({res.file_bytes * 8 / max(res.positions, 1):.2f} "
+            f"bits/position, {res.layout} layout)",
+            highlight=False,
+        )
+        return
+    res = compress_dataset(
+        paths,
+        out,
+        model,
+        options=options,
+        ray_address=ray,
+        workers=workers,
+        cpus_per_worker=cpus,
+        gpus_per_worker=gpus,
+        on_progress=lambda line: err_console.print(line, highlight=False),
+    )
+    console.print(
+        f"{shown(out)}: {res.sessions:,} session(s) in {res.shards} shard(s) "
+        f"({res.skipped_shards} already complete), {res.tokens:,} tokens, "
+        f"{human_bytes(res.file_bytes)} ({res.file_bytes * 8 / max(res.tokens, 1):.2f} "
+        f"bits/position); manifest {shown(res.manifest)}",
+        highlight=False,
+    )
+    if res.too_long:
+        console.print(
+            f"skipped {res.too_long} session(s) longer than the model context (--strict refuses)"
+        )
+    if res.removed:
+        console.print(f"removed {len(res.removed)} shard file(s) of an earlier plan")
 
 
 @handle_errors

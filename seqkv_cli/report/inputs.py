@@ -38,10 +38,15 @@ class ModelGroup:
 
 
 def expand(inputs: list[Path]) -> list[Path]:
-    """Files as given; directories become their .safetensors and .skv files, sorted."""
+    """Files as given; directories become their .safetensors and .skv files, sorted; a shard
+    manifest (or a directory holding one) becomes the shards it lists."""
     files: list[Path] = []
+    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+
     for path in map(Path, inputs):
-        if path.is_dir():
+        if manifest_file(path) is not None:  # a sharded archive: every shard it lists
+            files.extend(read_manifest(path).shards())
+        elif path.is_dir():
             found = sorted(
                 p for p in path.iterdir() if p.suffix in (CAPTURE_SUFFIX, ARCHIVE_SUFFIX)
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import numpy as np
+
 from seqkv_cli.errors import SeqkvError
 
 
@@ -108,6 +110,13 @@ def verify_against(path: Path, sources, coder, lm) -> None:
             if isinstance(restored, Exception):
                 raise SeqkvError(f"verification failed, nothing written: {restored}")
             src = by_id[entry["id"]]
+            if src.recompute:  # K/V are the canonical recompute by definition: tokens decide
+                if not np.array_equal(restored.tokens.numpy(), src.tokens):
+                    raise SeqkvError(
+                        f"verification failed, nothing written: session {src.session_id!r} "
+                        "restores other tokens than it was given"
+                    )
+                continue
             check_restored(src.load(), restored, src.coder_for(coder), "nothing written")
 
 

@@ -100,9 +100,10 @@ def encode_model_segment(
         else:
             prefill(adapter, run)
         for local in by_node.get(run.node, []):
-            cap = sources[local].load()
+            src = sources[local]
             end = ends[local][1]
             keys, values, surprisal = session_kv(run, end, dtype_of[local], canon.num_layers)
+            cap = src.recomputed(keys, values, surprisal) if src.recompute else src.load()
             check_session(
                 sources[local].coder_for(coder), build, local, cap, keys, values, surprisal
             )

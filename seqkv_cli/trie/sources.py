@@ -26,6 +26,9 @@ class Source:
     # The session codec that stores this session's residual, when it is not the archive's
     # (the library API's per-session tolerance); residual streams are self-describing.
     residual_coder: object | None = None
+    # Tokens only: K/V and surprisal are by definition what the canonical recompute gives,
+    # so the encoder takes them from its own walk instead of a second forward (no residual).
+    recompute: bool = False
 
     @classmethod
     def from_path(cls, path: Path) -> Source:
@@ -39,6 +42,20 @@ class Source:
         tokens = cap.tokens.numpy().astype(np.int64)
         return cls(cap.session_id, cap.meta, tokens, None, cap, residual_coder)
 
+    @classmethod
+    def tokens_only(cls, session_id: str, tokens, meta: dict) -> Source:
+        """A session stored as its token ids; `meta` as a canonical capture's provenance."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        return cls(session_id, {**meta, "session_id": session_id}, arr, recompute=True)
+
+    def recomputed(self, keys, values, surprisal):
+        """A tokens-only session as the Capture its canonical recompute is."""
+        import torch
+
+        from seqkv_cli.kvcapture.capture_file import Capture
+
+        return Capture(torch.from_numpy(self.tokens.copy()), keys, values, surprisal, self.meta)
+
     @property
     def where(self) -> str:
         """How messages name this session: its capture file, or its id when in memory."""
@@ -49,6 +66,8 @@ class Source:
         return self.residual_coder or coder
 
     def load(self):
+        if self.recompute:
+            raise SeqkvError(f"{self.where} is stored as tokens only: it has no capture to load")
         if self.capture is not None:
             return self.capture
         from seqkv_cli.kvcapture.capture_file import load_capture

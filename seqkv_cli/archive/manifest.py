@@ -1,0 +1,157 @@
+"""A directory of shard archives read as one logical archive, through its manifest.
+
+`manifest.parquet` (written last, atomically, by the sharded and Ray pipelines) has one row
+per session: its id, the shard file that holds it, tokens, own bytes, shared prefix, log2 PP
+and the prefix key that placed it. Its schema metadata names the model every shard must be
+of. docs/FORMAT.md, "Shard manifests", specifies it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+
+MANIFEST_NAME = "manifest.parquet"
+MANIFEST_VERSION = 1
+META_KEY = b"seqkv_manifest"
+COLUMNS = {
+    "session_id": "string",
+    "shard": "string",
+    "tokens": "int64",
+    "bytes": "int64",
+    "shared_prefix": "int64",
+    "log2_pp": "float64",
+    "prefix_key": "string",
+}
+
+
+@dataclass
+class Manifest:
+    """A read manifest: its directory, the model it names, and its rows (a DataFrame)."""
+
+    root: Path
+    model: dict
+    rows: object  # pandas.DataFrame with COLUMNS
+    meta: dict
+
+    def shards(self) -> list[Path]:
+        return [self.root / name for name in sorted(set(self.rows["shard"]))]
+
+    def shard_of(self, session_id: str) -> Path:
+        hit = self.rows.index[self.rows["session_id"] == session_id]
+        if len(hit) == 0:
+            raise SeqkvError(f"{self.root / MANIFEST_NAME} has no session {session_id!r}")
+        return self.root / str(self.rows.at[hit[0], "shard"])
+
+
+def manifest_file(path: Path) -> Path | None:
+    """The manifest `path` names: a manifest file, or a directory holding one; else None."""
+    path = Path(path)
+    if path.is_dir():
+        candidate = path / MANIFEST_NAME
+        return candidate if candidate.is_file() else None
+    if path.suffix == ".parquet" and path.is_file():
+        return path
+    return None
+
+
+def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
+    """Read and check a manifest; `check_shards` opens every shard's header and refuses a
+    missing shard or one of another model (one line each, naming it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    file = manifest_file(path)
+    if file is None:
+        raise SeqkvError(f"{path} holds no {MANIFEST_NAME} (not a sharded archive)")
+    try:
+        table = pq.read_table(file)
+    except (OSError, pa.ArrowException) as exc:
+        raise SeqkvError(f"{file} is not a readable manifest ({exc})") from None
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise SeqkvError(f"{file} is a Parquet file but not a seqkv shard manifest")
+    try:
+        meta = json.loads(raw)
+        version, model = int(meta["version"]), dict(meta["model"])
+        fingerprint = str(model["fingerprint"])
+    except (ValueError, KeyError, TypeError):
+        raise SeqkvError(f"{file}: malformed manifest metadata") from None
+    if version > MANIFEST_VERSION:
+        raise SeqkvError(
+            f"{file} is manifest version {version}; this seqkv reads up to "
+            f"{MANIFEST_VERSION} (upgrade seqkv)"
+        )
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise SeqkvError(f"{file}: manifest lacks the column(s) {', '.join(missing)}")
+    rows = table.select(list(COLUMNS)).to_pandas()
+    for name in set(rows["shard"]):
+        if not _plain_shard_name(name):
+            raise SeqkvError(f"{file}: shard name {str(name)[:80]!r} is not a .skv file name")
+    dup = rows["session_id"].duplicated()
+    if dup.any():
+        raise SeqkvError(
+            f"{file}: session id {rows['session_id'][dup].iloc[0][:80]!r} is listed twice"
+        )
+    manifest = Manifest(file.parent, model, rows, meta)
+    if check_shards:
+        from seqkv_cli.skv.identity import fingerprint_matches
+        from seqkv_cli.skv.restore import Archive
+
+        for shard in manifest.shards():
+            if not shard.is_file():
+                raise SeqkvError(f"{file} lists {shard.name}, which is missing")
+            with Archive(shard) as arc:
+                got = str(arc.model.get("fingerprint", "?"))
+            if not fingerprint_matches(got, fingerprint):
+                raise SeqkvError(
+                    f"{shard} holds sessions of another model (fingerprint {got[:16]}) than "
+                    f"{file} names ({fingerprint[:16]}); one manifest holds one model"
+                )
+    return manifest
+
+
+def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None = None) -> Path:
+    """Write `root/manifest.parquet` atomically (temporary file, fsync, rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqkv_cli.fsutil import discard_quietly, fsync_dir, run_tag
+
+    ordered = sorted(rows, key=lambda r: (r["shard"], r["session_id"]))
+    arrays = {
+        name: pa.array([r[name] for r in ordered], type=getattr(pa, kind)())
+        for name, kind in COLUMNS.items()
+    }
+    meta = {"version": MANIFEST_VERSION, "model": model, **(extra or {})}
+    table = pa.table(arrays).replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
+    target = Path(root) / MANIFEST_NAME
+    tmp = target.with_name(f".{MANIFEST_NAME}.{run_tag()}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise SeqkvError(f"cannot write {target}: {exc.strerror}") from None
+    finally:
+        discard_quietly(tmp)
+    fsync_dir(Path(root))
+    return target
+
+
+def _plain_shard_name(name) -> bool:
+    return (
+        isinstance(name, str)
+        and name.endswith(".skv")
+        and name not in (".skv",)
+        and "/" not in name
+        and "\\" not in name
+        and not name.startswith(".")
+        and all(32 <= ord(c) != 127 for c in name)
+    )

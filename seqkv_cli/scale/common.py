@@ -1,0 +1,125 @@
+"""What the serial and the Ray pipelines share: options, results, tokenizing a row, the
+output directory's checks and the manifest step."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.scale.plan import PREFIX_TOKENS, SHARD_SESSIONS, SHARD_TOKENS
+
+
+@dataclass
+class DatasetOptions:
+    prefix_tokens: int = PREFIX_TOKENS
+    shard_sessions: int = SHARD_SESSIONS
+    shard_tokens: int = SHARD_TOKENS
+    strict: bool = False  # refuse a session longer than the model context instead of skipping
+    codec: str = "seq"
+    numerics: str | None = None
+    verify: bool = False
+
+    def shard_options(self) -> dict:
+        return {"codec": self.codec, "numerics": self.numerics, "verify": self.verify}
+
+
+@dataclass
+class Progress:
+    """What a run has done so far (passed to `on_progress` after every shard)."""
+
+    sessions: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    shards: int = 0
+    skipped_shards: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, total_shards: int) -> str:
+        dt = max(time.monotonic() - self.started, 1e-9)
+        return (
+            f"{self.shards}/{total_shards} shards ({self.skipped_shards} already complete), "
+            f"{self.sessions:,} sessions, {self.tokens:,} tokens, {self.bytes:,} bytes; "
+            f"{self.sessions / dt:.1f} sessions/s, {self.tokens / dt:,.0f} tokens/s"
+        )
+
+
+@dataclass
+class DatasetResult:
+    root: Path
+    manifest: Path
+    sessions: int
+    tokens: int
+    file_bytes: int
+    shards: int
+    skipped_shards: int
+    too_long: int  # sessions skipped as longer than the model context
+    removed: list[str]  # shard files of an earlier plan, deleted
+    seconds: float
+
+
+def tokenize_row(lm, row) -> list[int]:
+    """A dataset row's token ids (chat messages through the model's chat template)."""
+    from seqkv_cli.kvcapture.engine import tokenize
+    from seqkv_cli.kvcapture.inputs import Document
+
+    doc = Document(row.id, row.where, row.text, row.messages, row.token_ids)
+    ids = tokenize(lm, doc)
+    if not ids:
+        raise SeqkvError(f"{row.where}: session {row.id!r} has no tokens")
+    if row.token_ids is not None and max(ids) >= lm.vocab_size:
+        raise SeqkvError(
+            f"{row.where}: token id {max(ids)} is outside the model's vocabulary "
+            f"(0..{lm.vocab_size - 1})"
+        )
+    return ids
+
+
+def too_long_message(where: str, session_id: str, n: int, context: int) -> str:
+    return (
+        f"{where}: session {session_id!r} has {n} tokens, more than the model context "
+        f"({context}); without --strict such sessions are skipped and counted"
+    )
+
+
+def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> None:
+    """`root` is created, or is a directory this pipeline wrote for the same model."""
+    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+    from seqkv_cli.fsutil import ensure_writable_dir
+    from seqkv_cli.skv.identity import fingerprint_matches
+
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise SeqkvError(f"{root} is a file; a sharded archive is written to a directory")
+    if root.suffix == ".skv":
+        raise SeqkvError(f"{root}: a sharded archive is a directory; do not name it *.skv")
+    for path in inputs:
+        if Path(path).resolve() == root.resolve():
+            raise SeqkvError(f"{root} is one of the inputs")
+    ensure_writable_dir(root)
+    if manifest_file(root) is not None:
+        old = read_manifest(root, check_shards=False)
+        have = str(old.model.get("fingerprint", "?"))
+        if not fingerprint_matches(have, fingerprint):
+            raise SeqkvError(
+                f"{root} holds shards of another model ({old.model.get('name', '?')}, "
+                f"fingerprint {have[:16]}); write to another directory"
+            )
+
+
+def finish(root: Path, rows: list[dict], lm, plan_names: set[str], progress: Progress, meta):
+    """Write the manifest and remove shard files of earlier plans; the result."""
+    from seqkv_cli.archive.manifest import write_manifest
+    from seqkv_cli.fsutil import discard_quietly
+    from seqkv_cli.skv.identity import writer_version
+
+    model = {"name": lm.name, "fingerprint": lm.fingerprint}
+    manifest = write_manifest(root, rows, model, {"writer": writer_version(), **meta})
+    removed = []
+    for stale in sorted(Path(root).glob("shard-*.skv")):
+        if stale.name not in plan_names:
+            discard_quietly(stale)
+            removed.append(stale.name)
+    file_bytes = sum((Path(root) / name).stat().st_size for name in plan_names)
+    return manifest, removed, file_bytes
