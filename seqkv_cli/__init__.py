@@ -13,6 +13,8 @@ __all__ = [
     "build_report",
     "capture",
     "compress",
+    "compress_dataset",
+    "compress_sessions",
     "embedded_model_folder",
     "load_capture",
     "open_archive",
@@ -37,6 +39,22 @@ def compress(captures, out, **options):
 
     paths = [Path(captures)] if isinstance(captures, str | Path) else [Path(c) for c in captures]
     return compress_captures(paths, Path(out), **options)
+
+
+def compress_sessions(sessions, out, model=None, **options):
+    """(id, token ids) pairs -> one `.skv` trie archive, tokens only (K/V recomputed on load);
+    see `seqkv_cli.api.sessions.compress_sessions`."""
+    from seqkv_cli.api.sessions import compress_sessions as _compress
+
+    return _compress(sessions, out, model, **options)
+
+
+def compress_dataset(inputs, out_dir, model=None, **options):
+    """JSONL/Parquet session datasets -> a directory of prefix shards + manifest.parquet,
+    serially or on Ray (`ray_address=`); see `seqkv_cli.scale.local.compress_dataset`."""
+    from seqkv_cli.scale.local import compress_dataset as _compress
+
+    return _compress(inputs, out_dir, model, **options)
 
 
 def capture(inputs, **options):

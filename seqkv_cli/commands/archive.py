@@ -118,7 +118,8 @@ def extract_command(
     from seqkv_cli.archive.manifest import manifest_file, read_manifest
 
     if manifest_file(archive) is not None:  # a sharded archive: the shard that holds the id
-        archive = read_manifest(archive).shard_of(session_id)
+        # only the one shard is opened; Archive(model=...) below checks its model
+        archive = read_manifest(archive, check_shards=False).shard_of(session_id)
     refuse_output_in_inputs(out, [archive])
     ensure_writable_dir(out.parent)
     with Archive(archive, model=model) as arc:

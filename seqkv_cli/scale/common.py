@@ -116,6 +116,10 @@ def finish(root: Path, rows: list[dict], lm, plan_names: set[str], progress: Pro
 
     model = {"name": lm.name, "fingerprint": lm.fingerprint}
     manifest = write_manifest(root, rows, model, {"writer": writer_version(), **meta})
+    from seqkv_cli.fsutil import clean_stale_temporaries
+
+    for name in plan_names:  # temporaries of writers that died (a killed run, a lost actor)
+        clean_stale_temporaries(Path(root) / name, (".tmp", ".staging"))
     removed = []
     for stale in sorted(Path(root).glob("shard-*.skv")):
         if stale.name not in plan_names:

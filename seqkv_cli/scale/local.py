@@ -135,14 +135,17 @@ def compress_dataset_to_file(inputs, out, model=None, options: DatasetOptions | 
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, str | Path) else inputs)]
     check_ids(paths)
     lm = resolve_model(model)
-    sessions = []
+    sessions, too_long = [], 0
     for row in iter_dataset(paths):
         ids = tokenize_row(lm, row)
         if len(ids) > lm.max_context:
             if options.strict:
                 raise SeqkvError(too_long_message(row.where, row.id, len(ids), lm.max_context))
+            too_long += 1
             continue
         sessions.append((row.id, np.asarray(ids, dtype=np.int64)))
+    if not sessions:
+        raise SeqkvError(f"every session is longer than the model context ({too_long} skipped)")
     return compress_sessions(
         sessions, out, lm, codec=options.codec, numerics=options.numerics, verify=options.verify
     )

@@ -222,7 +222,10 @@ def compress_on_ray(
     if address not in ("local", "auto"):
         _reachable(address)  # ray.init would retry an address nobody answers for minutes
     _ray()
-    spec = None if model is None else str(Path(model).resolve())
+    # actors load the model themselves: a local path is made absolute (their cwd differs)
+    spec = None if model is None else str(model)
+    if spec is not None and Path(spec).exists():
+        spec = str(Path(spec).resolve())
     lm = load_model(spec)  # the driver checks the model and the output before the cluster works
     prepare_output(root, paths, lm.fingerprint)
     ray = connect(address, workers * cpus)
