@@ -26,6 +26,7 @@ def session_rows(path: Path) -> tuple[list[dict], str]:
                 "own_bytes": c["tokens"] + c["kv"] + c["residual"],
                 "shared_prefix": c["shared_prefix"],
                 "segment": e["trie"]["segment"],
+                "log2_ppl": e.get("log2_ppl"),
             }
             for e, c in zip(arc.sessions, costs, strict=True)
         ]

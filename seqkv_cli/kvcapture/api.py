@@ -43,11 +43,6 @@ def plan_capture(
         ids = tokenize(lm, doc)
         if not ids:
             raise SeqkvError(f"empty input: {doc.source} has no tokens")
-        if doc.token_ids is not None and max(ids) >= lm.vocab_size:
-            raise SeqkvError(
-                f"{doc.source}: token id {max(ids)} is outside the model's vocabulary "
-                f"(0..{lm.vocab_size - 1})"
-            )
         if max_tokens is not None:
             ids = ids[:max_tokens]
         if len(ids) > lm.max_context:

@@ -18,8 +18,14 @@ HF_NUMERIC_PATH = f"transformers-fp32-chunk{CHUNK}"
 def tokenize(lm, doc) -> list[int]:
     """Token ids of a document: plain text as is, chat sessions through the chat template."""
     tok = lm.tokenizer
-    if getattr(doc, "token_ids", None) is not None:
-        return list(doc.token_ids)
+    if getattr(doc, "token_ids", None) is not None:  # given as ids: only their range to check
+        ids = list(doc.token_ids)
+        if ids and max(ids) >= lm.vocab_size:
+            raise SeqkvError(
+                f"{doc.source}: token id {max(ids)} is outside the model's vocabulary "
+                f"(0..{lm.vocab_size - 1})"
+            )
+        return ids
     if doc.messages is not None:
         if not getattr(tok, "chat_template", None):
             raise SeqkvError(f"{doc.source}: the model's tokenizer has no chat template")

@@ -44,6 +44,18 @@ class Progress:
             f"{self.sessions / dt:.1f} sessions/s, {self.tokens / dt:,.0f} tokens/s"
         )
 
+    @classmethod
+    def of(cls, counts: dict, started: float) -> Progress:
+        """From the Ray counter actor's counts."""
+        return cls(
+            counts["sessions"],
+            counts["tokens"],
+            counts["bytes"],
+            counts["shards"],
+            counts["skipped"],
+            started,
+        )
+
 
 @dataclass
 class DatasetResult:
@@ -68,19 +80,30 @@ def tokenize_row(lm, row) -> list[int]:
     ids = tokenize(lm, doc)
     if not ids:
         raise SeqkvError(f"{row.where}: session {row.id!r} has no tokens")
-    if row.token_ids is not None and max(ids) >= lm.vocab_size:
-        raise SeqkvError(
-            f"{row.where}: token id {max(ids)} is outside the model's vocabulary "
-            f"(0..{lm.vocab_size - 1})"
-        )
     return ids
 
 
-def too_long_message(where: str, session_id: str, n: int, context: int) -> str:
-    return (
-        f"{where}: session {session_id!r} has {n} tokens, more than the model context "
-        f"({context}); without --strict such sessions are skipped and counted"
-    )
+class ContextFilter:
+    """Sessions longer than the model context: skipped and counted, or refused (`strict`)."""
+
+    def __init__(self, context: int, strict: bool) -> None:
+        self.context, self.strict, self.skipped = context, strict, 0
+
+    def keep(self, where: str, session_id: str, n: int) -> bool:
+        if n <= self.context:
+            return True
+        if self.strict:
+            raise SeqkvError(
+                f"{where}: session {session_id!r} has {n} tokens, more than the model context "
+                f"({self.context}); without --strict such sessions are skipped and counted"
+            )
+        self.skipped += 1
+        return False
+
+    def nothing_left(self) -> SeqkvError:
+        return SeqkvError(
+            f"every session is longer than the model context ({self.skipped} skipped)"
+        )
 
 
 def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> None:
@@ -108,7 +131,7 @@ def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> None:
             )
 
 
-def finish(root: Path, rows: list[dict], lm, plan_names: set[str], progress: Progress, meta):
+def finish(root: Path, rows: list[dict], lm, plan_names: set[str], meta: dict):
     """Write the manifest and remove shard files of earlier plans; the result."""
     from seqkv_cli.archive.manifest import write_manifest
     from seqkv_cli.fsutil import discard_quietly

@@ -18,13 +18,13 @@ import numpy as np
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.scale.common import (
+    ContextFilter,
     DatasetOptions,
     DatasetResult,
     Progress,
     finish,
     prepare_output,
     tokenize_row,
-    too_long_message,
 )
 from seqkv_cli.scale.plan import KeyStats
 from seqkv_cli.scale.shard import ShardSession, build_shard
@@ -78,18 +78,14 @@ def compress_dataset(
     lm = resolve_model(model)
     prepare_output(root, paths, lm.fingerprint)
     by_key: dict[str, list] = defaultdict(list)
-    too_long = 0
+    fits = ContextFilter(lm.max_context, options.strict)
     for row in iter_dataset(paths):
         ids = tokenize_row(lm, row)
-        if len(ids) > lm.max_context:
-            if options.strict:
-                raise SeqkvError(too_long_message(row.where, row.id, len(ids), lm.max_context))
-            too_long += 1
-            continue
-        key = prefix_key(ids, options.prefix_tokens)
-        by_key[key].append((row.id, np.asarray(ids, dtype=np.int32)))
+        if fits.keep(row.where, row.id, len(ids)):
+            key = prefix_key(ids, options.prefix_tokens)
+            by_key[key].append((row.id, np.asarray(ids, dtype=np.int32)))
     if not by_key:
-        raise SeqkvError(f"every session is longer than the model context ({too_long} skipped)")
+        raise fits.nothing_left()
     stats = {k: KeyStats(len(v), sum(len(t) for _, t in v)) for k, v in by_key.items()}
     plan = plan_shards(stats, max_sessions=options.shard_sessions, max_tokens=options.shard_tokens)
     shards: dict[str, list] = defaultdict(list)
@@ -108,8 +104,8 @@ def compress_dataset(
         progress.bytes += (root / name).stat().st_size
         if on_progress:
             on_progress(progress.line(len(shards)))
-    meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": too_long}
-    manifest, removed, file_bytes = finish(root, rows, lm, set(shards), progress, meta)
+    meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": fits.skipped}
+    manifest, removed, file_bytes = finish(root, rows, lm, set(shards), meta)
     return DatasetResult(
         root,
         manifest,
@@ -118,7 +114,7 @@ def compress_dataset(
         file_bytes,
         len(shards),
         progress.skipped_shards,
-        too_long,
+        fits.skipped,
         removed,
         time.monotonic() - started,
     )
@@ -135,17 +131,13 @@ def compress_dataset_to_file(inputs, out, model=None, options: DatasetOptions | 
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, str | Path) else inputs)]
     check_ids(paths)
     lm = resolve_model(model)
-    sessions, too_long = [], 0
+    sessions, fits = [], ContextFilter(lm.max_context, options.strict)
     for row in iter_dataset(paths):
         ids = tokenize_row(lm, row)
-        if len(ids) > lm.max_context:
-            if options.strict:
-                raise SeqkvError(too_long_message(row.where, row.id, len(ids), lm.max_context))
-            too_long += 1
-            continue
-        sessions.append((row.id, np.asarray(ids, dtype=np.int64)))
+        if fits.keep(row.where, row.id, len(ids)):
+            sessions.append((row.id, np.asarray(ids, dtype=np.int64)))
     if not sessions:
-        raise SeqkvError(f"every session is longer than the model context ({too_long} skipped)")
+        raise fits.nothing_left()
     return compress_sessions(
         sessions, out, lm, codec=options.codec, numerics=options.numerics, verify=options.verify
     )

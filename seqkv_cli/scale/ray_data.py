@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.scale.common import Progress
 
 RETRIES = 3
 PROGRESS_ACTOR = "seqkv-progress"
@@ -212,7 +213,7 @@ def compress_on_ray(
     paths, root, model, options, address, workers, cpus, gpus, on_progress, started
 ):
     from seqkv_cli.runtime.loading import load_model
-    from seqkv_cli.scale.common import DatasetResult, finish, prepare_output, too_long_message
+    from seqkv_cli.scale.common import ContextFilter, DatasetResult, finish, prepare_output
     from seqkv_cli.scale.plan import KeyStats, plan_shards
 
     if model is not None and not isinstance(model, str | Path):
@@ -249,19 +250,15 @@ def compress_on_ray(
             batch_format="pandas",
         ).materialize()
         stats: dict[str, list[int]] = {}
-        too_long = 0
+        fits = ContextFilter(lm.max_context, options.strict)
         for batch in tokens.select_columns(["id", "n", "key"]).iter_batches(batch_format="numpy"):
             for sid, n, key in zip(batch["id"], batch["n"], batch["key"], strict=True):
-                if n > lm.max_context:
-                    if options.strict:
-                        raise SeqkvError(too_long_message("dataset", sid, int(n), lm.max_context))
-                    too_long += 1
-                    continue
-                s = stats.setdefault(str(key), [0, 0])
-                s[0] += 1
-                s[1] += int(n)
+                if fits.keep("dataset", str(sid), int(n)):
+                    s = stats.setdefault(str(key), [0, 0])
+                    s[0] += 1
+                    s[1] += int(n)
         if not stats:
-            raise SeqkvError(f"every session is longer than the model context ({too_long} skipped)")
+            raise fits.nothing_left()
         plan = plan_shards(
             {k: KeyStats(*v) for k, v in stats.items()},
             max_sessions=options.shard_sessions,
@@ -304,8 +301,8 @@ def compress_on_ray(
         ctx.shuffle_strategy, ctx.enable_progress_bars = saved
         ray.kill(tracker)
     names = set(n for names in plan.names_of.values() for n in names)
-    meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": too_long}
-    manifest, removed, file_bytes = finish(root, sink.rows, lm, names, None, meta)
+    meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": fits.skipped}
+    manifest, removed, file_bytes = finish(root, sink.rows, lm, names, meta)
     return DatasetResult(
         Path(root),
         manifest,
@@ -314,7 +311,7 @@ def compress_on_ray(
         file_bytes,
         len(names),
         done["skipped"],
-        too_long,
+        fits.skipped,
         removed,
         time.monotonic() - started,
     )
@@ -428,12 +425,7 @@ def _report(ray, tracker, total, started, stop, on_progress) -> None:
             continue
         if d != last:
             last = d
-            dt = max(time.monotonic() - started, 1e-9)
-            on_progress(
-                f"{d['shards']}/{total} shards ({d['skipped']} already complete), "
-                f"{d['sessions']:,} sessions, {d['tokens']:,} tokens, {d['bytes']:,} bytes; "
-                f"{d['sessions'] / dt:.1f} sessions/s, {d['tokens'] / dt:,.0f} tokens/s"
-            )
+            on_progress(Progress.of(d, started).line(total))
 
 
 def _last_line(exc: BaseException) -> str:

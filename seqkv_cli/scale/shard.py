@@ -26,11 +26,8 @@ class ShardSession:
 def manifest_rows(path: Path, name: str, keys: dict[str, str]) -> list[dict]:
     """The manifest rows of a written shard (read from its index: nothing is decoded)."""
     from seqkv_cli.archive.summary import session_rows
-    from seqkv_cli.skv.restore import Archive
 
     rows, _ = session_rows(path)
-    with Archive(path) as arc:
-        ppl = {e["id"]: e.get("log2_ppl") for e in arc.sessions}
     return [
         {
             "session_id": r["id"],
@@ -38,7 +35,7 @@ def manifest_rows(path: Path, name: str, keys: dict[str, str]) -> list[dict]:
             "tokens": int(r["positions"]),
             "bytes": int(r["own_bytes"]),
             "shared_prefix": int(r["shared_prefix"]),
-            "log2_pp": math.nan if ppl.get(r["id"]) is None else float(ppl[r["id"]]),
+            "log2_pp": math.nan if r.get("log2_ppl") is None else float(r["log2_ppl"]),
             "prefix_key": keys.get(r["id"], ""),
         }
         for r in rows
