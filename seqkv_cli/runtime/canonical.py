@@ -183,6 +183,24 @@ class CanonicalLM:
             raise ValueError("each sequence may appear once per forward_rows call")
         return self._run([(s, torch.tensor([t])) for s, t in zip(states, token_ids, strict=True)])
 
+    @torch.inference_mode()
+    def forward_many(self, states: list[KVState], token_ids: list) -> list[torch.Tensor]:
+        """Append token_ids[i] (one or more) to states[i] in one pass; logits of each, (m_i, V)."""
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("each sequence may appear once per forward_many call")
+        segments = [
+            (s, torch.tensor([int(t) for t in ids], dtype=torch.long))
+            for s, ids in zip(states, token_ids, strict=True)
+        ]
+        if not segments or min(len(ids) for _, ids in segments) == 0:
+            raise ValueError("forward_many needs at least one token per sequence")
+        logits = self._run(segments)
+        out, start = [], 0
+        for _, ids in segments:
+            out.append(logits[start : start + len(ids)])
+            start += len(ids)
+        return out
+
     def _run(self, segments: list[tuple[KVState, torch.Tensor]]) -> torch.Tensor:
         for state, ids in segments:
             if state.length + len(ids) > state.capacity:

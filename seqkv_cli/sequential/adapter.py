@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
+
+# Positions a state keeps beyond its tokens, so a pass can carry guessed tokens to its end
+# (draft-and-verify decoding: seqkv_codecs.sequential.drafts).
+DRAFT_HEADROOM = 8
+
+
+def drafts_enabled() -> bool:
+    """Draft-and-verify is on unless SEQKV_DRAFTS=off (a diagnostic: same bits either way)."""
+    return os.environ.get("SEQKV_DRAFTS", "on").strip().lower() not in ("off", "0", "no")
 
 
 class Track:
@@ -58,8 +69,15 @@ class CanonicalLogits:
         self.vocab_size = canon.vocab_size
         self.tracks: list[Track] = []
 
+    def room(self, capacity: int) -> int:
+        """Positions to allocate for `capacity`: one more (the coder never feeds a session's
+        last token; `finish` does) and draft headroom, within the model context (a capacity
+        past the context is left for new_state to refuse)."""
+        limit = self.canon.max_context
+        return capacity if capacity > limit else min(capacity + 1 + DRAFT_HEADROOM, limit)
+
     def start(self, capacity: int) -> Track:
-        track = Track(self.canon.new_state(capacity + 1), self.canon.surprisal)
+        track = Track(self.canon.new_state(self.room(capacity)), self.canon.surprisal)
         self.tracks.append(track)
         return track
 
@@ -75,6 +93,24 @@ class CanonicalLogits:
         for row, track in enumerate(tracks):
             track.record(ids[row : row + 1], logits[row : row + 1])
         return logits.numpy()
+
+    def feed_drafts(self, tracks: list[Track], token_lists: list) -> list[np.ndarray]:
+        """Feed each track its tokens (the last decoded one, then guesses) in one pass; the
+        logits (m, V) of every token fed. Rows of a pass are padded to the longest, so where
+        a state has no room for that (a session near the model context) every list is cut
+        to what fits: the caller reads how many were fed from the logits. Nothing is
+        recorded until `accept` says what was right."""
+        room = min(t.state.capacity - t.state.length for t in tracks)
+        lists = [[int(x) for x in ids[: max(1, room)]] for ids in token_lists]
+        out = self.canon.forward_many([t.state for t in tracks], lists)
+        return [logits.numpy() for logits in out]
+
+    def accept(self, track: Track, token_ids, logits: np.ndarray, n: int) -> None:
+        """Keep the first `n` of the tokens a `feed_drafts` call fed (`logits` has a row for
+        each); the state forgets the rest (their K/V rows are overwritten by the next call)."""
+        track.state.length -= len(logits) - n
+        ids = torch.tensor([int(t) for t in token_ids[:n]], dtype=torch.long)
+        track.record(ids, torch.from_numpy(logits[:n]))
 
     def finish(self, track: Track | None, tokens: np.ndarray) -> Track:
         """Feed what the coder did not, so the state holds K/V for every token."""

@@ -27,9 +27,10 @@ class SeqCodec(SessionCodec):
         return data, stats.ideal_bits
 
     def decode_tokens_many(self, datas, adapter):
+        from seqkv_cli.sequential.adapter import drafts_enabled
         from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
 
-        return decode_tokens_batch(datas, adapter, with_states=True)
+        return decode_tokens_batch(datas, adapter, with_states=True, drafts=drafts_enabled())
 
     def screen_tokens(self, entry: dict, data: bytes | None, canon) -> None:
         """The stream's header must name the model's vocabulary and the session's length."""

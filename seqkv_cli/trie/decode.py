@@ -10,19 +10,37 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
-from seqkv_cli.sequential.adapter import CanonicalLogits
+from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.store import TrieContents, chain
 
 LOCKSTEP = 16  # seq nodes stepped together (memory: one K/V state each)
+
+
+@dataclass
+class DecodeStats:
+    """What a `seq` restore cost: model passes, node rows over all passes (a node stepped
+    in a pass is one), tokens decoded, guesses fed and right."""
+
+    passes: int = 0
+    node_steps: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """tau: tokens a node gets from one pass (1.0 without guesses)."""
+        return self.tokens / self.node_steps if self.node_steps else 0.0
 
 
 class NodeSource:
@@ -72,9 +90,17 @@ def check_precision(precision) -> None:
 
 
 def restore(
-    contents: TrieContents, wanted: list[int], source: NodeSource, codec, canon, entries, reads
+    contents: TrieContents,
+    wanted: list[int],
+    source: NodeSource,
+    codec,
+    canon,
+    entries,
+    reads,
+    stats: DecodeStats | None = None,
 ) -> Iterator[tuple[int, object]]:
-    """Yield (session index, Capture or the SeqkvError that stopped it) as sessions finish."""
+    """Yield (session index, Capture or the SeqkvError that stopped it) as sessions finish;
+    `stats`, if given, is filled with what the `seq` decoding cost."""
     nodes = contents.nodes
     needed = sorted({n for s in wanted for n in chain(nodes, contents.sessions[s].end_node)})
     kids: dict[int, list[int]] = {}
@@ -92,7 +118,7 @@ def restore(
         )
         for n in needed
     }
-    plan = _Plan(CanonicalLogits(canon), nodes, kids, limit, source)
+    plan = _Plan(CanonicalLogits(canon), nodes, kids, limit, source, stats)
     stepping = capabilities(codec).steps_model
     for n, done in plan.stepped() if stepping else plan.prefilled():
         for s in ending.get(n, []):
@@ -109,9 +135,10 @@ class _Plan:
     one whose ancestor fails fails with it (its prefix was decoded from a damaged stream).
     """
 
-    def __init__(self, adapter, nodes, kids, limit, source: NodeSource) -> None:
+    def __init__(self, adapter, nodes, kids, limit, source: NodeSource, stats=None) -> None:
         self.adapter, self.nodes, self.kids, self.limit = adapter, nodes, kids, limit
         self.source = source
+        self.stats = stats if stats is not None else DecodeStats()
         self.alive: dict[int, Run | Exception] = {}  # states children still fork from
         self.pending_kids = {n: len(kids.get(n, [])) for n in limit}
         self.queued: set[int] = set()
@@ -187,14 +214,18 @@ class _Plan:
 
     def stepped(self) -> Iterator[tuple[int, Run | Exception]]:
         """seq: every running node steps once per model pass, as one row of it; a node that
-        becomes ready takes a free row at the next pass (continuous batching)."""
-        from seqkv_codecs.sequential.probability import frequencies_from_logits
+        becomes ready takes a free row at the next pass (continuous batching). A node's row
+        carries guesses of its next tokens when the decoded text suggests some (drafts.py):
+        each right guess is a token decoded in the same pass."""
+        from seqkv_codecs.sequential.drafts import MAX_DRAFT, ROW_BUDGET, DraftIndex
 
+        drafter = DraftIndex() if drafts_enabled() else None
         active: dict[int, _Stepper] = {}
         while self.ready or active:
             while self.ready and len(active) < LOCKSTEP:
                 n = self.ready.popleft()
-                stepper = _Stepper.begin(self.start(n, stepping=True), self.adapter, self.source)
+                run = self.start(n, stepping=True)
+                stepper = _Stepper.begin(run, self.adapter, self.source, drafter)
                 if isinstance(stepper, Exception):
                     yield from self.finish(n, stepper)
                 else:
@@ -210,26 +241,68 @@ class _Plan:
                     yield from self.finish(n, error)
             if not fed:
                 continue
-            ids = np.array([f.last_token for f in fed], dtype=np.int64)
-            logits = self.adapter.feed_rows([f.run.track for f in fed], ids)
-            freqs = frequencies_from_logits(logits, self.source.precision)
-            for i, stepper in enumerate(fed):
-                n = stepper.run.node
-                result = stepper.took(logits[i], freqs[i])
-                self.passed(n, stepper.decoder.pos)
-                if result is not None:
-                    del active[n]
-                    yield from self.finish(n, result)
+            limit = min(MAX_DRAFT, ROW_BUDGET // len(fed) - 1) if drafter else 0
+            guesses = [f.guess(limit) for f in fed] if limit > 0 else [([], 0)] * len(fed)
+            self.stats.passes += 1
+            self.stats.node_steps += len(fed)
+            if not any(g for g, _ in guesses):
+                done = self._single_rows(fed)
+            else:
+                done = self._draft_rows(fed, guesses, drafter)
+            for n, result in done:
+                del active[n]
+                yield from self.finish(n, result)
+
+    def _single_rows(self, fed: list[_Stepper]) -> list:
+        """One token per node: the pass of a decoder without guesses."""
+        from seqkv_codecs.sequential.probability import frequencies_from_logits
+
+        ids = np.array([f.last_token for f in fed], dtype=np.int64)
+        logits = self.adapter.feed_rows([f.run.track for f in fed], ids)
+        freqs = frequencies_from_logits(logits, self.source.precision)
+        done = []
+        for i, stepper in enumerate(fed):
+            self.stats.tokens += 1
+            result = stepper.took(logits[i], freqs[i])
+            self.passed(stepper.run.node, stepper.decoder.pos)
+            if result is not None:
+                done.append((stepper.run.node, result))
+        return done
+
+    def _draft_rows(self, fed: list[_Stepper], guesses: list, drafter) -> list:
+        """Each node's last token and its guesses in one pass; keep what the stream confirms."""
+        lists = [[f.last_token, *g] for f, (g, _) in zip(fed, guesses, strict=True)]
+        outs = self.adapter.feed_drafts([f.run.track for f in fed], lists)
+        done = []
+        for stepper, ids, logits, (_, ngram) in zip(fed, lists, outs, guesses, strict=True):
+            node, fed_guesses = stepper.run.node, len(logits) - 1
+            kept, result = stepper.verify(
+                logits, ids[1 : 1 + fed_guesses], lambda pos, n=node: self.passed(n, pos)
+            )
+            self.adapter.accept(stepper.run.track, ids, logits, kept)
+            drafter.record(ngram, fed_guesses, kept - 1)
+            self.stats.tokens += kept
+            self.stats.drafted += fed_guesses
+            self.stats.accepted += kept - 1
+            if result is not None:
+                done.append((node, result))
+        return done
 
 
 class _Stepper:
     """One `seq` node being decoded a token per model pass."""
 
-    def __init__(self, run: Run, decoder, row) -> None:
+    def __init__(self, run: Run, decoder, row, drafter=None) -> None:
+        from seqkv_codecs.sequential.drafts import Stream
+
         self.run, self.decoder, self.row = run, decoder, row
+        self.precision = decoder.precision
+        self.drafter = drafter
+        self.stream = Stream(run.prefix) if drafter is not None else None
+        self.unfed = False  # a token is decoded that no pass has fed yet
 
     @classmethod
-    def begin(cls, run, adapter, source: NodeSource):
+    def begin(cls, run, adapter, source: NodeSource, drafter=None):
         from seqkv_codecs.errors import CodecError
         from seqkv_codecs.sequential.node_stream import NodeDecoder
         from seqkv_codecs.sequential.probability import frequencies_from_logits
@@ -254,17 +327,46 @@ class _Stepper:
             else frequencies_from_logits(run.first_row.numpy(), source.precision)
         )
         run.tokens = decoder.out
-        return cls(run, decoder, row)
+        return cls(run, decoder, row, drafter)
 
     def step(self) -> Exception | None:
-        """Decode the next token under the current row."""
+        """Decode the next token under the current row (unless one waits to be fed)."""
         from seqkv_codecs.errors import CodecError
 
+        if self.unfed:
+            return None
         try:
-            self.decoder.step(self.row)
+            token = self.decoder.step(self.row)
         except CodecError as exc:
             return SeqkvError(f"node {self.run.node} does not decode: {exc}")
+        self.unfed = True
+        if self.drafter is not None:
+            self.drafter.extend(self.stream, (token,))
         return None
+
+    def guess(self, limit: int) -> tuple[list[int], int]:
+        """Guesses of the tokens after the last decoded one, at most those the node has left."""
+        left = min(limit, self.run.n_tokens - self.decoder.pos)
+        return self.drafter.draft(self.stream, left)
+
+    def verify(self, logits, drafts: list[int], passed) -> tuple[int, Run | Exception | None]:
+        """Rows of a pass that fed the last token, then `drafts`: decode under each row while
+        the decoded token is the guess fed after it. Returns the rows kept (right guesses + 1)
+        and the node's result, if it finished; `passed(pos)` is told every offset reached."""
+        from seqkv_codecs.sequential.probability import frequencies_from_logits
+
+        rows = logits
+        for j in range(len(drafts) + 1):
+            result = self.took(rows[j], frequencies_from_logits(rows[j], self.precision))
+            passed(self.decoder.pos)
+            if result is not None or j == len(drafts):
+                return j + 1, result
+            error = self.step()
+            if error is not None:
+                return j + 1, error
+            if self.last_token != drafts[j]:
+                return j + 1, None  # decoded right, guessed wrong: the next pass feeds it
+        raise AssertionError("unreachable")
 
     @property
     def last_token(self) -> int:
@@ -276,6 +378,7 @@ class _Stepper:
         from seqkv_codecs.errors import CodecError
 
         dec, run = self.decoder, self.run
+        self.unfed = False
         run.keep_row(dec.pos, torch.from_numpy(logits.copy()))
         self.row = freq
         if dec.pos < run.n_tokens:

@@ -276,3 +276,62 @@ def test_batch_decode_matches_single_decode_and_isolates_damage():
     assert rows.row_calls == 512  # one batched pass per position after the first
     plain = decode_tokens_batch(streams, FakeLM())  # no feed_rows: fed one by one
     assert all(np.array_equal(a, b) for a, b in zip(plain, tokens, strict=True))
+
+
+class DraftsFakeLM(RowsFakeLM):
+    """The fake model with the draft-and-verify entry points of the canonical adapter:
+    several tokens per sequence in one pass, and a roll-back of the guesses that failed."""
+
+    def __init__(self, room: int | None = None) -> None:
+        super().__init__()
+        self.passes: list[int] = []
+        self.room = room  # tokens a pass may carry per sequence (None: all it is given)
+
+    def start(self, capacity: int) -> dict:
+        return {**super().start(capacity), "fed": []}
+
+    def feed(self, state: dict, token_ids: np.ndarray) -> np.ndarray:
+        state["fed"].extend(int(t) for t in token_ids)
+        return super().feed(state, token_ids)
+
+    def feed_drafts(self, states: list, lists: list) -> list:
+        cut = [ids[: self.room] if self.room else ids for ids in lists]
+        self.passes.append(sum(len(ids) for ids in cut))
+        return [self.feed(s, np.asarray(ids, dtype=np.int64)) for s, ids in zip(states, cut)]
+
+    def accept(self, state: dict, ids, logits, n: int) -> None:
+        del state["fed"][len(state["fed"]) - (len(logits) - n) :]
+        state["length"] = len(state["fed"])
+        state["last"] = state["fed"][-1]
+
+
+def repetitive_tokens(n: int, seed: int = 0) -> np.ndarray:
+    """Phrases that recur, as in code and agent transcripts: n-gram guesses find them."""
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(0, VOCAB, int(rng.integers(4, 12))) for _ in range(6)]
+    out = np.concatenate([phrases[int(rng.integers(6))] for _ in range(n)])[:n]
+    return out.astype(np.int64)
+
+
+@pytest.mark.parametrize("room", [None, 2])
+def test_decoding_with_guesses_gives_the_same_tokens_in_fewer_passes(room):
+    from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
+
+    model = FakeLM()
+    tokens = [repetitive_tokens(n, seed=n) for n in (400, 2, 1, 130)]
+    streams = [encode_tokens(t, model, chunk_size=64) for t in tokens]
+    damaged = bytearray(streams[3])
+    damaged[-3] ^= 0x10
+    guessing = DraftsFakeLM(room)
+    results = decode_tokens_batch([*streams[:3], bytes(damaged)], guessing, with_states=True)
+    for k in (0, 1, 2):
+        got, state = results[k]
+        assert np.array_equal(got, tokens[k])
+        if state is not None:  # what it fed: every token but the last, guesses rolled back
+            assert state["fed"] == tokens[k][:-1].tolist()
+    assert isinstance(results[3][0], CorruptStreamError)
+    assert guessing.row_calls + len(guessing.passes) < 399  # one pass per token without
+    off = DraftsFakeLM()
+    plain = decode_tokens_batch(streams[:3], off, drafts=False)
+    assert not off.passes and off.row_calls == 399
+    assert all(np.array_equal(a, b) for a, b in zip(plain, tokens, strict=False))

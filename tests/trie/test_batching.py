@@ -40,7 +40,9 @@ def tree(tiny_lm, tmp_path_factory):
 
 
 def counted(monkeypatch) -> list[int]:
-    """Rows of every canonical model pass, in order."""
+    """Rows of every canonical model pass, in order (guessed tokens off: the schedule is
+    what these tests check; tests/trie/test_drafts.py checks passes with guesses)."""
+    monkeypatch.setenv("SEQKV_DRAFTS", "off")
     passes: list[int] = []
     real = CanonicalLogits.feed_rows
     monkeypatch.setattr(

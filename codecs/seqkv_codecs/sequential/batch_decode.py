@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.sequential.drafts import MAX_DRAFT, ROW_BUDGET, DraftIndex, Stream
 from seqkv_codecs.sequential.logits_model import LogitsModel, feed_checked
 from seqkv_codecs.sequential.probability import frequencies_from_logits
 from seqkv_codecs.sequential.rangecoder import RangeDecoder
@@ -36,6 +37,7 @@ class _Cursor:
     chunk: int = -1
     dec: RangeDecoder | None = None
     error: CorruptStreamError | None = None
+    stream: Stream | None = None  # what drafts.py has seen of this sequence
 
     @property
     def live(self) -> bool:
@@ -51,9 +53,14 @@ def decode_tokens(data: bytes, model: LogitsModel) -> np.ndarray:
 
 
 def decode_tokens_batch(
-    datas: list[bytes], model: LogitsModel, *, with_states: bool = False
+    datas: list[bytes], model: LogitsModel, *, with_states: bool = False, drafts: bool = True
 ) -> list:
     """Decode each stream; a damaged one yields its error in place, the others still decode.
+
+    A model with ``feed_drafts(states, lists)`` (logits of each list, or of the prefix it
+    had room for) and ``accept(state, ids, logits, n)`` (keep the first n) gets guessed
+    tokens beside each decoded one (drafts.py) unless `drafts` is false; the tokens are the
+    same either way.
 
     With `with_states`, each result is a pair (tokens or error, the model state the decoder
     fed, or None for streams of fewer than two tokens), so a caller can read what the model
@@ -93,14 +100,25 @@ def decode_tokens_batch(
     for k, c in enumerate(cursors):
         if isinstance(c, _Cursor) and c.live:
             _step(c, uniform_row(model.vocab_size, precision[k]), precision[k])
+    drafter = DraftIndex() if drafts and hasattr(model, "feed_drafts") else None
+    for c in cursors:
+        if drafter is not None and isinstance(c, _Cursor):
+            c.stream = Stream()
+            drafter.extend(c.stream, c.out[: c.pos])
     while True:
         live = [k for k, c in enumerate(cursors) if isinstance(c, _Cursor) and c.live]
         if not live:
             break
+        limit = min(MAX_DRAFT, ROW_BUDGET // len(live) - 1) if drafter is not None else 0
+        guesses = [_guess(drafter, cursors[k], limit) for k in live] if limit > 0 else []
+        if any(g for g, _ in guesses):
+            _feed_guesses(model, drafter, [cursors[k] for k in live], guesses, precision, live)
+            continue
         logits = _feed(model, [cursors[k] for k in live])
         for row, k in enumerate(live):
             p = precision[k]
             _step(cursors[k], frequencies_from_logits(logits[row], p), p)
+            _index(drafter, cursors[k])
     results = [c if isinstance(c, Exception) else (c.error if c.error else c.out) for c in cursors]
     if with_states:
         states = [None if isinstance(c, Exception) else c.state for c in cursors]
@@ -118,6 +136,41 @@ def _feed(model, cursors: list[_Cursor]) -> np.ndarray:
         return logits
     rows = [feed_checked(model, c.state, tokens[i : i + 1]) for i, c in enumerate(cursors)]
     return np.concatenate(rows)
+
+
+def _guess(drafter: DraftIndex, c: _Cursor, limit: int) -> tuple[list[int], int]:
+    """Guesses of the tokens after c.pos - 1; the last token is never fed, so at most the
+    tokens left before it."""
+    return drafter.draft(c.stream, min(limit, len(c.out) - c.pos - 1))
+
+
+def _index(drafter: DraftIndex | None, c: _Cursor) -> None:
+    """Tell the drafter the token `_step` just decoded (nothing if it failed)."""
+    if drafter is not None and c.error is None:
+        drafter.extend(c.stream, c.out[c.pos - 1 : c.pos])
+
+
+def _feed_guesses(model, drafter, cursors, guesses, precision, keys) -> None:
+    """Feed each cursor's last token and its guesses in one pass; decode while they hold."""
+    lists = [[int(c.out[c.pos - 1]), *g] for c, (g, _) in zip(cursors, guesses, strict=True)]
+    outs = model.feed_drafts([c.state for c in cursors], lists)
+    for c, ids, logits, (_, ngram), k in zip(cursors, lists, outs, guesses, keys, strict=True):
+        logits = np.asarray(logits)
+        if (
+            logits.ndim != 2
+            or logits.shape[1] != model.vocab_size
+            or not 1 <= len(logits) <= len(ids)
+        ):
+            raise CodecError(f"feed_drafts returned logits of shape {logits.shape}")
+        kept = 0
+        for j in range(len(logits)):
+            kept = j + 1
+            _step(c, frequencies_from_logits(logits[j], precision[k]), precision[k])
+            _index(drafter, c)
+            if not c.live or j + 1 == len(logits) or int(c.out[c.pos - 1]) != ids[j + 1]:
+                break
+        model.accept(c.state, ids, logits, kept)
+        drafter.record(ngram, len(logits) - 1, kept - 1)
 
 
 def _step(c: _Cursor, row: np.ndarray, precision: int) -> None:

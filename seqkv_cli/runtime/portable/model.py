@@ -167,6 +167,30 @@ class PortableLM:
         positions = torch.tensor([s.length for s in states], dtype=torch.long)[:, None]
         return self._run(states, ids, positions)[:, 0]
 
+    @torch.inference_mode()
+    def forward_many(self, states: list[PortableState], token_ids: list) -> list[torch.Tensor]:
+        """Append token_ids[i] (one or more) to states[i] in one pass; logits of each, (m_i, V).
+
+        Rows of one pass are rectangular: a shorter list is padded by repeating its last
+        token, at positions that must fit the state's capacity; the padding's K/V sit past
+        the row's length and are overwritten by its next call (callers roll `length` back).
+        """
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("each sequence may appear once per forward_many call")
+        lists = [list(map(int, ids)) for ids in token_ids]
+        if not lists or min(len(x) for x in lists) == 0:
+            raise ValueError("forward_many needs at least one token per sequence")
+        m = max(len(x) for x in lists)
+        for s in states:
+            if s.length + m > s.capacity:
+                raise SeqkvError(f"sequence longer than the state's capacity ({s.capacity})")
+        ids = torch.tensor([x + [x[-1]] * (m - len(x)) for x in lists], dtype=torch.long)
+        positions = torch.stack([s.length + torch.arange(m) for s in states])
+        logits = self._run(states, ids, positions)
+        for s, x in zip(states, lists, strict=True):
+            s.length -= m - len(x)  # the padding is not part of the sequence
+        return [logits[i, : len(x)] for i, x in enumerate(lists)]
+
     def _run(self, states, ids, positions) -> torch.Tensor:
         token = current_rows.set(states)
         try:
