@@ -297,7 +297,10 @@ class DraftsFakeLM(RowsFakeLM):
     def feed_drafts(self, states: list, lists: list) -> list:
         cut = [ids[: self.room] if self.room else ids for ids in lists]
         self.passes.append(sum(len(ids) for ids in cut))
-        return [self.feed(s, np.asarray(ids, dtype=np.int64)) for s, ids in zip(states, cut)]
+        return [
+            self.feed(s, np.asarray(ids, dtype=np.int64))
+            for s, ids in zip(states, cut, strict=True)
+        ]
 
     def accept(self, state: dict, ids, logits, n: int) -> None:
         del state["fed"][len(state["fed"]) - (len(logits) - n) :]

@@ -162,6 +162,17 @@ def test_the_longest_earlier_ngram_gives_the_guess():
     assert len(guess) <= MAX_DRAFT
 
 
+def test_the_index_is_bounded(monkeypatch):
+    from seqkv_codecs.sequential import drafts
+
+    monkeypatch.setattr(drafts, "MAX_ENTRIES", 50)
+    index, s = DraftIndex(), Stream()
+    index.extend(s, range(1000))
+    assert all(len(where) <= 50 for where in index._where)
+    index.extend(s, [990, 991])
+    assert index.draft(s, 3)[0] == [992, 993, 994]  # recent text is still found
+
+
 def test_guesses_come_only_from_decoded_tokens_and_respect_the_limit():
     index = DraftIndex()
     s = Stream()
@@ -180,7 +191,7 @@ def test_sibling_streams_and_context_share_one_index():
     guess, n = index.draft(b, 4)  # b's context "1 2" was followed by 3 in a
     assert guess[:1] == [3] and n == 2
     index.extend(b, [3, 4])
-    assert index.draft(b, 2)[0] == [5, 6]  # "1 2 3 4" -> a's 5 6
+    assert index.draft(b, 2)[0] == [5, 6]  # "2 3 4" -> a's 5 6
 
 
 def test_guess_length_follows_the_measured_acceptance():
