@@ -118,7 +118,13 @@ def test_corrupt_token_chunk_is_named_and_other_sessions_decode(caps, tiny_lm, t
     assert same_capture(load_capture(paths[1]), load_capture(tmp_path / "d2" / "b.safetensors"))
 
 
+# slow (300 model steps, ~115 s): the default run holds the embedded model's seq to the same
+# properties in test_skv_cli.py::test_seq_round_trips_embedded_model_captures_through_the_cli
+# (exact round trip), report/test_report_values.py::test_embedded_model_seq_costs_its_surprisal
+# (exact, token bits within 2% of the surprisal) and, for stepping past a key block,
+# test_canonical.py::test_embedded_model_bit_identical_prefill_chunked_stepwise.
 @pytest.mark.model
+@pytest.mark.slow
 def test_embedded_model_seq_round_trip_is_exact_and_near_log2_ppl(embedded_lm, tmp_path):
     [res] = capture(
         [str(SAMPLE_DATA / "prose.txt")], model=embedded_lm, out=tmp_path, max_tokens=300
