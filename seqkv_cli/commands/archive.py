@@ -15,7 +15,7 @@ from seqkv_cli.commands._common import (
     human_bytes,
     shown,
 )
-from seqkv_cli.commands.capture import ModelOption, ThreadsOption
+from seqkv_cli.commands.capture import ModelOption, ThreadsOption, restore_bar, token_progress
 from seqkv_cli.errors import SeqkvError
 
 archive_app = typer.Typer(
@@ -122,7 +122,8 @@ def extract_command(
         archive = read_manifest(archive, check_shards=False).shard_of(session_id)
     refuse_output_in_inputs(out, [archive])
     ensure_writable_dir(out.parent)
-    with Archive(archive, model=model) as arc:
+    with Archive(archive, model=model) as arc, token_progress() as bar:
+        arc.on_tokens = restore_bar(bar, f"restoring {shown(session_id)}")
         restored = arc.restore(arc.session(session_id))
     size = save_capture(restored, out)
     console.print(

@@ -71,6 +71,13 @@ def token_progress() -> Progress:
     )
 
 
+def restore_bar(bar: Progress, what: str = "restoring"):
+    """An `Archive.on_tokens` callback that moves a `token_progress` bar (its total is known
+    once the restore has planned which tokens it decodes)."""
+    task = bar.add_task(what, total=None)
+    return lambda done, total: bar.update(task, completed=done, total=total)
+
+
 @handle_errors
 def capture_command(
     inputs: Annotated[

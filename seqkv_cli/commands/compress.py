@@ -9,7 +9,13 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import ModelOption, NumericsOption, ThreadsOption, token_progress
+from seqkv_cli.commands.capture import (
+    ModelOption,
+    NumericsOption,
+    ThreadsOption,
+    restore_bar,
+    token_progress,
+)
 from seqkv_cli.errors import SeqkvError
 
 
@@ -225,11 +231,13 @@ def decompress_command(
     """Restore sessions of a container as capture files (safetensors)."""
     from seqkv_cli.skv.decompress import decompress
 
-    paths = decompress(
-        archive,
-        out,
-        session or None,
-        on_session=lambda e, p: console.print(f"{shown(e['id'])}: {shown(p)}", highlight=False),
-        model=model,
-    )
+    with token_progress() as bar:
+        paths = decompress(
+            archive,
+            out,
+            session or None,
+            on_session=lambda e, p: console.print(f"{shown(e['id'])}: {shown(p)}", highlight=False),
+            model=model,
+            on_tokens=restore_bar(bar),
+        )
     console.print(f"restored {len(paths)} session(s) into {shown(out)}", highlight=False)

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import ModelOption, ThreadsOption
+from seqkv_cli.commands.capture import ModelOption, ThreadsOption, restore_bar, token_progress
 from seqkv_cli.errors import SeqkvError
 
 
@@ -102,7 +102,9 @@ def verify_command(
         for path in against or []:
             cap = load_capture(path)
             originals[cap.session_id] = cap
-        checks = check_sessions(arc, originals)
+        with token_progress() as bar:
+            arc.on_tokens = restore_bar(bar, "decoding")
+            checks = check_sessions(arc, originals)
         table = Table(
             title=f"{shown(archive)}: integrity OK ({len(arc.sessions)} sessions, codec "
             f"{shown(arc.codec.codec_id)})"

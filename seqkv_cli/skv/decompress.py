@@ -22,8 +22,10 @@ def decompress(
     on_session=None,
     model=None,
     numbered: bool = False,
+    on_tokens=None,
 ) -> list[Path]:
-    """Write capture files for the chosen sessions (all by default), in the order asked.
+    """Write capture files for the chosen sessions (all by default), in the order asked;
+    `on_tokens(done, total)` is told the tokens decoded as model codecs restore.
 
     Files are named after the session ids (`file_stem_for`); `numbered` names them
     0.safetensors, 1.safetensors... instead (compact's scratch copies, where only the order
@@ -38,6 +40,7 @@ def decompress(
     staged: dict[str, Path] = {}
     try:
         with Archive(path, model=model) as archive:
+            archive.on_tokens = on_tokens
             entries = [archive.session(s) for s in session_ids] if session_ids else archive.sessions
             entries = list({e["index"]: e for e in entries}.values())  # --session a --session a
             ids = [e["id"] for e in entries]

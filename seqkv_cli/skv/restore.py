@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,9 @@ class Archive:
         from seqkv_cli.sequential.registry import resolve_codec
 
         self.path = Path(path)
+        # Told (tokens decoded so far, tokens to decode) while model codecs restore: progress.
+        self.on_tokens: Callable[[int, int], None] | None = None
+        self.decode_stats = None  # trie.decode.DecodeStats of the latest trie restore
         if not self.path.is_file():
             raise SeqkvError(f"no such file: {self.path}")
         self.reader = open_container(self.path)
@@ -137,6 +141,7 @@ class Archive:
                 yield entry, self._with_meta(entry, result)
             return
         canon = self.canonical()
+        done, total = 0, sum(e["positions"] for e in entries)
         for start in range(0, len(entries), batch):
             chunk = entries[start : start + batch]
             group, reads, failed = [], [], {}
@@ -149,6 +154,9 @@ class Archive:
                 except SeqkvError as exc:
                     failed[k] = exc
             results = iter(self.codec.decode_many(group, reads, canon) if group else [])
+            done += sum(e["positions"] for e in chunk)
+            if self.on_tokens is not None:
+                self.on_tokens(done, total)
             for k, entry in enumerate(chunk):
                 result = failed[k] if k in failed else next(results)
                 if isinstance(result, Exception):  # name the file and session
@@ -195,14 +203,17 @@ class Archive:
             return SeqkvError(f"{self.path}: session {entry['id']}: {exc}")
 
     def _restore_paths(self, by_index: dict[int, dict]):
-        from seqkv_cli.trie.decode import NodeSource, restore
+        from seqkv_cli.trie.decode import DecodeStats, NodeSource, restore
 
         reads = {i: self._session_reader(e) for i, e in by_index.items()}
         if self.needs_model:
             canon = self.canonical()
             precision = getattr(self.codec, "precision_bits", 24)
             source = NodeSource(self.trie, self.read_part, canon.vocab_size, precision)
-            results = restore(self.trie, list(by_index), source, self.codec, canon, by_index, reads)
+            stats = self.decode_stats = DecodeStats(on_tokens=self.on_tokens)
+            results = restore(
+                self.trie, list(by_index), source, self.codec, canon, by_index, reads, stats
+            )
         else:
             from seqkv_cli.trie.pervector import restore_pervector
 

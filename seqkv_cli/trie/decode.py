@@ -9,7 +9,7 @@ started and its sessions are out, so memory holds the current frontier, not the 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,12 @@ class DecodeStats:
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    total: int = 0  # tokens this restore decodes (shared prefixes once)
+    on_tokens: Callable[[int, int], None] | None = None  # (tokens so far, total): progress
+
+    def report(self) -> None:
+        if self.on_tokens is not None:
+            self.on_tokens(self.tokens, self.total)
 
     @property
     def tokens_per_step(self) -> float:
@@ -118,6 +124,8 @@ def restore(
         )
         for n in needed
     }
+    stats = stats if stats is not None else DecodeStats()
+    stats.total += sum(limit.values())
     plan = _Plan(CanonicalLogits(canon), nodes, kids, limit, source, stats)
     stepping = capabilities(codec).steps_model
     for n, done in plan.stepped() if stepping else plan.prefilled():
@@ -209,6 +217,8 @@ class _Plan:
             run = self.start(n, stepping=False)
             if isinstance(run, Run):
                 prefill(self.adapter, run)
+                self.stats.tokens += run.n_tokens
+                self.stats.report()
             self.adapter.tracks.clear()
             yield from self.finish(n, run)
 
@@ -249,6 +259,7 @@ class _Plan:
                 done = self._single_rows(fed)
             else:
                 done = self._draft_rows(fed, guesses, drafter)
+            self.stats.report()
             for n, result in done:
                 del active[n]
                 yield from self.finish(n, result)
@@ -355,9 +366,8 @@ class _Stepper:
         and the node's result, if it finished; `passed(pos)` is told every offset reached."""
         from seqkv_codecs.sequential.probability import frequencies_from_logits
 
-        rows = logits
         for j in range(len(drafts) + 1):
-            result = self.took(rows[j], frequencies_from_logits(rows[j], self.precision))
+            result = self.took(logits[j], frequencies_from_logits(logits[j], self.precision))
             passed(self.decoder.pos)
             if result is not None or j == len(drafts):
                 return j + 1, result

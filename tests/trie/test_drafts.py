@@ -61,33 +61,31 @@ def archive(tiny_lm, tmp_path_factory):
     return path, caps
 
 
-def restore_all(path, lm, monkeypatch=None, stats=None):
-    """Every session of the archive restored, by id; `stats` (DecodeStats) filled if given."""
-    if stats is not None:
-        from seqkv_cli.trie import decode
-
-        real = decode.restore
-        monkeypatch.setattr(decode, "restore", lambda *a, **k: real(*a, **k, stats=stats))
+def restore_all(path, lm, stats: list | None = None):
+    """Every session of the archive restored, by id; the restore's DecodeStats appended to
+    `stats` if given."""
     with Archive(path, model=lm) as arc:
-        return {e["id"]: r for e, r in arc.restore_many(arc.sessions)}
+        out = {e["id"]: r for e, r in arc.restore_many(arc.sessions)}
+        if stats is not None:
+            stats.append(arc.decode_stats)
+    return out
 
 
 def test_guesses_save_passes_and_the_restore_is_bit_exact(archive, tiny_lm, monkeypatch):
-    from seqkv_cli.trie.decode import DecodeStats
-
     path, caps = archive
     monkeypatch.setenv("SEQKV_DRAFTS", "off")
     rows_off = passes_of(monkeypatch)
     plain = restore_all(path, tiny_lm)
     monkeypatch.undo()
     rows_on = passes_of(monkeypatch)
-    stats = DecodeStats()
-    guessed = restore_all(path, tiny_lm, monkeypatch, stats)
+    seen = []
+    guessed = restore_all(path, tiny_lm, seen)
+    [stats] = seen
     for p in caps:
         cap = load_capture(p)
         assert same_capture(cap, plain[cap.session_id])
         assert same_capture(cap, guessed[cap.session_id])
-    assert stats.tokens == sum(rows_off)  # every token decoded once, in fewer passes
+    assert stats.tokens == stats.total == sum(rows_off)  # every token once, in fewer passes
     assert stats.passes == len(rows_on) < len(rows_off)
     assert 0 < stats.accepted < stats.drafted
     assert stats.tokens_per_step > 1.2, stats
@@ -152,8 +150,17 @@ def test_a_row_gets_the_same_bits_however_many_tokens_it_carries(tiny_lm, numeri
 # -- the drafter alone --------------------------------------------------------------------
 
 
-def test_the_longest_earlier_ngram_gives_the_guess():
+def confident() -> DraftIndex:
+    """An index whose guesses have all been right so far: it guesses as far as it can."""
     index = DraftIndex()
+    for n in range(1, 4):
+        for _ in range(100):
+            index.record(n, MAX_DRAFT, MAX_DRAFT)
+    return index
+
+
+def test_the_longest_earlier_ngram_gives_the_guess():
+    index = confident()
     s = Stream()
     index.extend(s, [1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3])
     guess, n = index.draft(s, 8)
@@ -166,7 +173,7 @@ def test_the_index_is_bounded(monkeypatch):
     from seqkv_codecs.sequential import drafts
 
     monkeypatch.setattr(drafts, "MAX_ENTRIES", 50)
-    index, s = DraftIndex(), Stream()
+    index, s = confident(), Stream()
     index.extend(s, range(1000))
     assert all(len(where) <= 50 for where in index._where)
     index.extend(s, [990, 991])
@@ -174,18 +181,18 @@ def test_the_index_is_bounded(monkeypatch):
 
 
 def test_guesses_come_only_from_decoded_tokens_and_respect_the_limit():
-    index = DraftIndex()
+    index = confident()
     s = Stream()
     index.extend(s, [7, 8, 9, 7, 8])
     guess, n = index.draft(s, 8)
     assert (guess, n) == ([9, 7, 8], 2)  # the continuation stops at what is decoded
     assert index.draft(s, 1)[0] == [9]
     assert index.draft(s, 0) == ([], 0)
-    assert DraftIndex().draft(Stream(), 5) == ([], 0)
+    assert confident().draft(Stream(), 5) == ([], 0)
 
 
 def test_sibling_streams_and_context_share_one_index():
-    index = DraftIndex()
+    index = confident()
     a, b = Stream(context=[1, 2]), Stream(context=[1, 2])
     index.extend(a, [3, 4, 5, 6])
     guess, n = index.draft(b, 4)  # b's context "1 2" was followed by 3 in a
@@ -206,4 +213,22 @@ def test_guess_length_follows_the_measured_acceptance():
     for _ in range(200):
         index.record(n, MAX_DRAFT, MAX_DRAFT)
     assert len(index.draft(s, MAX_DRAFT)[0]) == MAX_DRAFT
-    assert index.accepted == 200 * MAX_DRAFT
+    assert index.accepted == 200 * MAX_DRAFT and index.proposed == 230 * MAX_DRAFT
+
+
+def test_decompress_reports_tokens_as_they_decode(archive, tiny_lm, tmp_path):
+    """What the CLI's progress bar shows: tokens decoded so far of the tokens to decode."""
+    from seqkv_cli.skv.decompress import decompress
+
+    path, caps = archive
+    calls = []
+    written = decompress(
+        path, tmp_path / "out", model=tiny_lm, on_tokens=lambda *a: calls.append(a)
+    )
+    assert len(written) == len(caps) and len(calls) > 10
+    totals = {total for _, total in calls}
+    done = [d for d, _ in calls]
+    assert len(totals) == 1 and done == sorted(done)
+    # shared prefixes decode once: fewer tokens than the sessions' positions together
+    positions = sum(load_capture(p).positions for p in caps)
+    assert done[-1] == totals.pop() < positions
