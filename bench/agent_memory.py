@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import SAMPLE, append_markdown, command_line, environment, timed, write_json
+from bench.common import SAMPLE, command_line, environment, publish, timed
 
 
 def turns(tokenizer, max_tokens: int) -> list[list[int]]:
@@ -126,12 +126,7 @@ def main() -> None:
             "own_cache_bit_exact": same,
         },
     }
-    table = markdown(result)
-    print(table)
-    if args.json:
-        write_json(args.json, result)
-    if args.append:
-        append_markdown(args.append, table)
+    publish(result, markdown(result), args.json, args.append)
 
 
 def markdown(result: dict) -> str:

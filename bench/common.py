@@ -169,3 +169,22 @@ def append_markdown(path: Path, text: str) -> None:
     path = Path(path)
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     write_atomic(path, old.rstrip("\n") + "\n\n" + text.strip("\n") + "\n")
+
+
+def publish(result: dict, table: str, json_path: Path | None, markdown_path: Path | None) -> None:
+    """A bench's end: its Markdown table printed, the result written as JSON and the table
+    appended to a Markdown file where the command line asked for them."""
+    if json_path:
+        write_json(json_path, result)
+    print(table)
+    if markdown_path:
+        append_markdown(markdown_path, table)
+
+
+def environment_line(env: dict, command: str) -> str:
+    """The line under a bench table's heading: when, where, which versions, which command."""
+    return (
+        f"{env['date']}, {env['cpu']} ({env['cores']} cores), torch threads "
+        f"{env['torch_threads']}, torch {env['torch']}, seqkv {env['seqkv']} ({env['commit']}). "
+        f"Command: `{command}`"
+    )

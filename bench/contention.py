@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import SAMPLE, append_markdown, command_line, environment, write_json
+from bench.common import SAMPLE, command_line, environment, publish
 
 SEQKV = str(Path(sys.executable).with_name("seqkv"))  # sets OMP_WAIT_POLICY=PASSIVE
 BEFORE = [sys.executable, "-c", "from seqkv_cli.cli import app; app()"]  # leaves it unset
@@ -117,12 +117,7 @@ def main() -> None:
         "tokens": args.tokens,
         "rows": rows,
     }
-    table = markdown(result)
-    print(table)
-    if args.json:
-        write_json(args.json, result)
-    if args.append:
-        append_markdown(args.append, table)
+    publish(result, markdown(result), args.json, args.append)
 
 
 def markdown(result: dict) -> str:

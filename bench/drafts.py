@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import SAMPLE, append_markdown, command_line, environment, timed, write_json
+from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
 
 CASES = {
     "prose": ["prose.txt"],
@@ -118,12 +118,7 @@ def main() -> None:
             rows.append(measure(lm, name, CASES[name], args.tokens, Path(tmp)))
         print(rows[-1], flush=True)
     result = {"environment": environment(lm), "command": command_line(), "rows": rows}
-    table = markdown(result)
-    print(table)
-    if args.json:
-        write_json(args.json, result)
-    if args.append:
-        append_markdown(args.append, table)
+    publish(result, markdown(result), args.json, args.append)
 
 
 def markdown(result: dict) -> str:
@@ -131,9 +126,7 @@ def markdown(result: dict) -> str:
     lines = [
         "### Draft-and-verify decoding (`bench/drafts.py`)",
         "",
-        f"{env['date']}, {env['cpu']} ({env['cores']} cores), torch threads "
-        f"{env['torch_threads']}, torch {env['torch']}, seqkv {env['seqkv']} ({env['commit']}). "
-        f"Command: `{result['command']}`",
+        environment_line(env, result["command"]),
         "",
         "| case | sessions | tokens | passes off → on | tokens/step (τ) | guesses right | "
         "seconds off → on | speed-up | tokens/s on | transformers step loop | bit-exact |",

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import SAMPLE, append_markdown, command_line, environment, timed, write_json
+from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
 
 TEXTS = ["prose.txt", "sample_code.py", "agent_transcript.jsonl"]
 
@@ -84,12 +84,7 @@ def main() -> None:
             rows.append(measure(lm, text, Path(tmp), text in args.verify))
         print(rows[-1], flush=True)
     result = {"environment": environment(lm), "command": command_line(), "rows": rows}
-    table = markdown(result)
-    print(table)
-    if args.json:
-        write_json(args.json, result)
-    if args.append:
-        append_markdown(args.append, table)
+    publish(result, markdown(result), args.json, args.append)
 
 
 def markdown(result: dict) -> str:
@@ -97,9 +92,7 @@ def markdown(result: dict) -> str:
     lines = [
         "### One session, one file: the compact layout (`bench/one_session.py`)",
         "",
-        f"{env['date']}, {env['cpu']} ({env['cores']} cores), torch threads "
-        f"{env['torch_threads']}, torch {env['torch']}, seqkv {env['seqkv']} ({env['commit']}). "
-        f"Command: `{result['command']}`",
+        environment_line(env, result["command"]),
         "",
         "| text | positions | log2 PP | token payload | compact file | fixed cost | full trie file "
         "| compact bits/pos | full bits/pos | bound 1.02·log2 PP + 512/n | within | bit-exact |",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import SAMPLE, append_markdown, command_line, environment, write_json
+from bench.common import SAMPLE, command_line, environment, publish
 
 TOPICS = ["a late parcel", "a torn tent seam", "a gift card balance", "store hours", "sizing"]
 
@@ -154,12 +154,7 @@ def main() -> None:
         "per_actor_sessions_per_s": round(per_actor, 2),
     }
     shutil.rmtree(folder, ignore_errors=True)
-    if args.json:
-        write_json(args.json, result)
-    table = markdown(result)
-    print(table)
-    if args.append:
-        append_markdown(args.append, table)
+    publish(result, markdown(result), args.json, args.append)
 
 
 def markdown(result: dict) -> str:
