@@ -10,6 +10,7 @@ from seqkv_cli.commands.archive import archive_app, resume_command
 from seqkv_cli.commands.capture import capture_command
 from seqkv_cli.commands.compress import compress_command, decompress_command
 from seqkv_cli.commands.inspect import codecs_command, info_command, verify_command
+from seqkv_cli.commands.llamacpp import export_app, import_app
 from seqkv_cli.commands.model import model_app
 from seqkv_cli.commands.pipeline import pipeline_command
 from seqkv_cli.commands.report import report_command
@@ -52,6 +53,8 @@ app.command("report")(report_command)
 app.add_typer(model_app, name="model")
 app.add_typer(archive_app, name="archive")
 app.command("resume")(resume_command)
+app.add_typer(import_app, name="import")
+app.add_typer(export_app, name="export")
 
 
 def main() -> None:

@@ -50,6 +50,14 @@ def embedded_model_path(*, fetch: bool = True, progress=None) -> Path:
     return target
 
 
+def embedded_gguf(*, progress=None) -> Path:
+    """The embedded model's GGUF file itself (what llama.cpp loads), fetched on first use."""
+    where = embedded_dir().parent
+    where.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(where / "gguf.lock")):
+        return _download_gguf(where, progress)
+
+
 def _download_gguf(where: Path, progress) -> Path:
     gguf = where / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if gguf.exists():
