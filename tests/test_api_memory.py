@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -366,7 +368,7 @@ def test_the_first_add_never_replaces_a_file_another_writer_created(tmp_path, ti
     before = (tmp_path / "m.skv").read_bytes()
     cap = run_capture(tiny_lm, _ids(8, seed=2)[0].tolist())
     cap.meta["session_id"] = "b"
-    assert late._create(Source.from_capture(cap)) is None  # lost the race: nothing replaced
+    assert late._create([Source.from_capture(cap)]) is None  # lost the race: nothing replaced
     assert (tmp_path / "m.skv").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.skv"]  # no temporary left
     late.add("b", _ids(8, seed=2))  # and a normal add appends
@@ -383,3 +385,55 @@ def test_library_compress_refuses_an_output_that_is_an_input(tmp_path, tiny_lm):
     with pytest.raises(SeqkvError, match="is also an input"):
         seqkv.compress(tmp_path / "a.safetensors", tmp_path / "a.safetensors", model=tiny_lm)
     assert (tmp_path / "a.safetensors").read_bytes() == before
+
+
+def test_add_many_is_one_append_and_meta_comes_back(tmp_path, tiny_lm):
+    path = tmp_path / "m.skv"
+    with seqkv.open_archive(path, model=tiny_lm) as arc:
+        first = arc.add("solo", _ids(8), meta={"user": "ana", "tags": {"n": 1, "ok": True}})
+        assert arc.meta("solo") == {"user": "ana", "tags": {"n": 1, "ok": True}}
+        assert first.new_tokens == 8
+        before = path.stat().st_size
+        reports = arc.add_many(
+            [
+                {"session_id": "b1", "input_ids": _ids(12, seed=3), "meta": {"turn": 1}},
+                {"session_id": "b2", "input_ids": _ids(12, seed=4)},
+            ]
+        )
+        assert [r.id for r in reports] == ["b1", "b2"]
+        assert reports[0].added_bytes == reports[1].added_bytes == path.stat().st_size - before
+        assert arc.meta("b1") == {"turn": 1} and arc.meta("b2") == {}
+        assert [s.id for s in arc.sessions()] == ["solo", "b1", "b2"]
+        from seqkv_cli.archive.summary import session_rows
+
+        rows, _ = session_rows(path)
+        assert [r["segment"] for r in rows] == [1, 2, 2]  # the batch is one segment
+        size = path.stat().st_size
+        for bad, message in (
+            ([{"session_id": "c", "input_ids": _ids(4)}] * 2, "session 'c' is given twice"),
+            ([{"session_id": "b1", "input_ids": _ids(4)}], "already has a session 'b1'"),
+            ([{"session_id": "d", "input_ids": _ids(4), "colour": 1}], "add()'s keyword"),
+            ([], "no sessions given"),
+            ([{"session_id": "e", "input_ids": _ids(4), "meta": {"x": [1]}}], "meta['x'] is list"),
+            ([{"session_id": "e", "input_ids": _ids(4), "meta": {"x": float("nan")}}], "JSON"),
+            ([{"session_id": "e", "input_ids": _ids(4), "meta": "x"}], "meta must be a dict"),
+        ):
+            with pytest.raises(SeqkvError, match=re.escape(message)):
+                arc.add_many(bad)
+        assert path.stat().st_size == size  # nothing refused was written
+
+
+def test_max_relative_difference_refuses_another_models_cache(tmp_path, tiny_lm):
+    from seqkv_cli.api.caches import to_cache
+    from seqkv_cli.kvcapture.engine import run_capture
+
+    ids = _ids(10)[0].tolist()
+    cap = run_capture(tiny_lm, ids, dtype="fp32")
+    own = to_cache(cap.keys, cap.values)
+    with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
+        ok = arc.add("own", ids, cache=own, residual="lossless", max_relative_difference=0.01)
+        assert ok.relative_difference == 0.0 and ok.kv == "exact"
+        foreign = to_cache([k.flip(1) for k in cap.keys], [v.flip(1) for v in cap.values])
+        with pytest.raises(SeqkvError, match="a cache of another model"):
+            arc.add("other", ids, cache=foreign, residual="lossless", max_relative_difference=0.25)
+        assert [s.id for s in arc.sessions()] == ["own"]

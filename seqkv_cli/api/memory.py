@@ -40,12 +40,16 @@ class AddReport:
 
     id: str
     tokens: int
-    new_tokens: int  # tokens past the longest prefix the archive already had
+    new_tokens: (
+        int | None
+    )  # tokens past the longest prefix already stored (None: add_many of several)
     added_bytes: int
     file_bytes: int
     kv: str  # "recomputed" (tokens only), "replay", "exact" (residual), "within EPS"
     max_abs_difference: float | None  # user's cache vs the canonical recompute (None: no cache)
     note: str | None = None  # why replay was not used, when it was tried
+    # ‖cache - canonical‖ / ‖canonical‖, worst layer (None: no cache, or residual="none")
+    relative_difference: float | None = None
 
 
 class MemoryArchive:
@@ -76,6 +80,11 @@ class MemoryArchive:
         self._closed = False
         if self.path.is_file():
             self._check_existing()
+
+    @property
+    def lm(self):
+        """The seqkv model the archive's sessions are coded under (shapes, vocabulary)."""
+        return self._lm
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> MemoryArchive:
@@ -155,6 +164,19 @@ class MemoryArchive:
         rec = read_record(meta, int(entry["positions"]))
         return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
 
+    def meta(self, session_id: str) -> dict:
+        """The metadata `add(meta=...)` stored with the session ({} if none); read from the
+        index, no token is decoded."""
+        from seqkv_cli.skv.restore import Archive
+
+        self._open()
+        if not self.path.is_file():
+            raise SeqkvError(f"{self.path} has no sessions yet")
+        with Archive(self.path) as arc:
+            entry = arc.session(str(session_id))
+        meta = entry.get("capture_meta", {}).get(USER_META_KEY, {})
+        return dict(meta) if isinstance(meta, dict) else {}
+
     def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
         """The session's cache as a `DynamicCache(config=model.config)`, ready for
         `model(..., past_key_values=cache)` or `model.generate(..., past_key_values=cache)`.
@@ -191,6 +213,8 @@ class MemoryArchive:
         prompt_length: int | None = None,
         schedule: list[int] | None = None,
         verify: bool = False,
+        meta: dict | None = None,
+        max_relative_difference: float | None = None,
     ) -> AddReport:
         """Store a session: its token ids and, with `cache`, what makes `load` return it.
 
@@ -207,15 +231,89 @@ class MemoryArchive:
           - `tolerance=EPS`: the residual elements above EPS only;
           - "none": the canonical recompute (the report says how far that is).
 
+        `meta`: JSON-plain metadata (str/int/float/bool values, nested dicts) kept with the
+        session and given back by `meta(session_id)`. `max_relative_difference`:
+        refuse a cache whose distance from the canonical recompute (‖cache - canonical‖ /
+        ‖canonical‖, worst layer) is above it — a cache of another model.
         `verify` restores the whole archive's new session before returning (slow: the
         decoder steps the model once per token).
         """
+        args = dict(
+            residual=residual,
+            tolerance=tolerance,
+            prompt_length=prompt_length,
+            schedule=schedule,
+            meta=meta,
+            max_relative_difference=max_relative_difference,
+        )
+        return self.add_many(
+            [{"session_id": session_id, "input_ids": input_ids, "cache": cache, **args}],
+            verify=verify,
+        )[0]
+
+    def add_many(self, sessions, *, verify: bool = False) -> list[AddReport]:
+        """Store several sessions in one append (one segment: cheaper than one `add` each,
+        and one commit: all of them or none). Each item is a mapping of `add`'s arguments by
+        name (`session_id`, `input_ids`, and optionally `cache`, `residual`, `tolerance`,
+        `prompt_length`, `schedule`, `meta`, `max_relative_difference`). Every report's
+        `added_bytes` is what the whole batch added."""
         from seqkv_cli.archive.append import add_sources
-        from seqkv_cli.trie.sources import Source
 
         self._open()
-        sid = check_session_id(session_id)
-        ids = token_list(input_ids, self._lm.vocab_size)
+        items = [dict(item) for item in sessions]
+        if not items:
+            raise SeqkvError("add_many: no sessions given")
+        known = {s.id for s in self.sessions()} if self.path.is_file() else set()
+        prepared = []
+        for item in items:
+            unknown = set(item) - _ADD_FIELDS
+            if unknown or not {"session_id", "input_ids"} <= set(item):
+                raise SeqkvError(
+                    "add_many: each session is a mapping with session_id, input_ids and "
+                    f"add()'s keyword arguments (got {sorted(item)})"
+                )
+            sid = check_session_id(item["session_id"])
+            if sid in known:
+                raise SeqkvError(
+                    f"{self.path} already has a session {sid!r}; ids must be unique"
+                    if sid not in {p[0] for p in prepared}
+                    else f"session {sid!r} is given twice"
+                )
+            known.add(sid)
+            prepared.append(self._prepare(sid, item))
+        sources = [p[1] for p in prepared]
+        if self.path.is_file():
+            result = add_sources(self.path, sources, self._lm)
+            added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
+        else:
+            created = self._create(sources)
+            if created is None:  # another writer created the file meanwhile: append to it
+                self._check_existing()
+                result = add_sources(self.path, sources, self._lm)
+                added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
+            else:
+                added = file_bytes = created
+                new = None
+        reports = []
+        for sid, source, ids, how, diff, note, rel in prepared:
+            if verify:
+                self._verify(sid, source.capture, source.coder_for(self._coder))
+            fresh = len(ids) if new is None else (new if len(prepared) == 1 else None)
+            reports.append(AddReport(sid, len(ids), fresh, added, file_bytes, how, diff, note, rel))
+        return reports
+
+    def _prepare(self, sid: str, item: dict):
+        """One session's source to store and what its report says (checked before any
+        model work where the arguments alone can be wrong)."""
+        from seqkv_cli.trie.sources import Source
+
+        ids = token_list(item["input_ids"], self._lm.vocab_size)
+        cache = item.get("cache")
+        residual = item.get("residual", "auto")
+        tolerance = item.get("tolerance")
+        prompt_length, schedule = item.get("prompt_length"), item.get("schedule")
+        limit = item.get("max_relative_difference")
+        meta = check_meta(item.get("meta"))
         if residual not in RESIDUAL_CHOICES:
             raise SeqkvError(f"residual must be one of {RESIDUAL_CHOICES}, not {residual!r}")
         if tolerance is not None and residual in ("none", "replay"):
@@ -232,37 +330,27 @@ class MemoryArchive:
             )
         if tolerance is not None and cache is None:
             raise SeqkvError("tolerance needs a cache: without one K/V are recomputed exactly")
+        if limit is not None and (
+            not isinstance(limit, int | float) or isinstance(limit, bool) or limit <= 0
+        ):
+            raise SeqkvError(f"max_relative_difference must be a number > 0, got {limit!r}")
         if len(ids) > self._lm.max_context:
             raise SeqkvError(
                 f"session {sid!r} has {len(ids)} tokens, more than the model context "
                 f"({self._lm.max_context})"
             )
-        if self.path.is_file() and sid in {s.id for s in self.sessions()}:
-            raise SeqkvError(f"{self.path} already has a session {sid!r}; ids must be unique")
-        cap, how, diff, note = self._capture(
-            sid, ids, cache, residual, tolerance, (prompt_length, schedule)
+        cap, how, diff, note, rel = self._capture(
+            sid, ids, cache, residual, tolerance, (prompt_length, schedule), limit
         )
+        if meta:
+            cap.meta[USER_META_KEY] = meta
         coder = self._coder_with(tolerance)
         source = Source.from_capture(cap, coder if tolerance is not None else None)
-        if self.path.is_file():
-            result = add_sources(self.path, [source], self._lm)
-            added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
-        else:
-            created = self._create(source)
-            if created is None:  # another writer created the file meanwhile: append to it
-                self._check_existing()
-                result = add_sources(self.path, [source], self._lm)
-                added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
-            else:
-                added = file_bytes = created
-                new = len(ids)
-        if verify:
-            self._verify(sid, cap, source.coder_for(self._coder))
-        return AddReport(sid, len(ids), new, added, file_bytes, how, diff, note)
+        return sid, source, ids, how, diff, note, rel
 
     # -- internals ------------------------------------------------------------------------
-    def _create(self, source) -> int | None:
-        """A new archive holding `source`, published only if `path` still does not exist
+    def _create(self, sources) -> int | None:
+        """A new archive holding `sources`, published only if `path` still does not exist
         (a hard link never replaces a file): its size, or None when another writer won."""
         import os
 
@@ -271,7 +359,7 @@ class MemoryArchive:
 
         tmp = self.path.with_name(f".{self.path.name}.{run_tag()}.new.skv")
         try:
-            result = compress_sources([source], tmp, self._coder, False, self._lm, None)
+            result = compress_sources(sources, tmp, self._coder, False, self._lm, None)
             try:
                 os.link(tmp, self.path)
             except FileExistsError:
@@ -316,7 +404,7 @@ class MemoryArchive:
             raise SeqkvError(f"tolerance must be a number > 0, got {tolerance!r}")
         return type(self._coder).from_config({**self._coder.get_config(), "tolerance": tolerance})
 
-    def _capture(self, sid, ids, cache, residual, tolerance, how_filled):
+    def _capture(self, sid, ids, cache, residual, tolerance, how_filled, limit=None):
         """The capture to store (the canonical run's tokens and surprisal, the K/V to keep),
         how `load` will rebuild it, its distance from the user's cache, and a note."""
         from seqkv_cli.api import replay as rp
@@ -334,10 +422,10 @@ class MemoryArchive:
         if cache is None:
             if how_filled != (None, None):
                 raise SeqkvError("prompt_length and schedule describe a cache; none was given")
-            return canonical("bf16"), "recomputed", None, None
+            return canonical("bf16"), "recomputed", None, None, None
         if residual == "none":  # only the dtype is kept; the cache may be partial
             cap = canonical(cache_dtype_name(cache))
-            return cap, "recomputed", _partial_difference(cache, cap), None
+            return cap, "recomputed", _partial_difference(cache, cap), None, None
         shapes = {
             "num_layers": lm.num_layers,
             "num_kv_heads": lm.num_kv_heads,
@@ -346,13 +434,21 @@ class MemoryArchive:
         keys, values, dtype = cache_kv(cache, len(ids), shapes)
         cap = canonical(dtype)
         diff = max_abs_error(cap, SimpleNamespace(keys=keys, values=values))
+        rel, layer = relative_difference(keys, values, cap.keys, cap.values)
+        if limit is not None and rel > limit:
+            raise SeqkvError(
+                f"session {sid!r}: its cache is {rel:.3g} away from this model's "
+                f"recompute (relative, layer {layer}; at most {limit:g} allowed): a cache "
+                f"of another model? (this one is {lm.name}, fingerprint "
+                f"{lm.fingerprint[:16]})"
+            )
         note = None
         if residual in ("auto", "replay"):
             schedule = rp.Schedule.for_tokens(len(ids), *how_filled)
             rec = rp.make_record(self._runner, schedule, dtype, rp.cache_digest(keys, values))
             if rp.reproduced(self._runner, ids, rec) is not None:
                 cap.meta["replay"] = rec  # K/V stay canonical: the record rebuilds the cache
-                return cap, "replay", diff, None
+                return cap, "replay", diff, None, rel
             note = (
                 f"replay did not reproduce the cache (schedule of {len(schedule.calls)} "
                 "forward calls; pass prompt_length= for a generate() cache, schedule= for one "
@@ -362,7 +458,7 @@ class MemoryArchive:
                 raise SeqkvError(f"session {sid!r}: {note}")
         cap.keys, cap.values = keys, values
         cap.meta["numeric_path"] = "user-cache"
-        return cap, ("within EPS" if tolerance is not None else "exact"), diff, note
+        return cap, ("within EPS" if tolerance is not None else "exact"), diff, note, rel
 
     def _verify(self, sid, cap, coder) -> None:
         from seqkv_cli.skv.verify import check_restored
@@ -378,6 +474,55 @@ def open_archive(path, model=None, *, tokenizer=None, codec="seq", numerics=None
     tokenizer saved beside it); the archive refuses a different one. `codec` applies to a new
     file (an existing file keeps its own)."""
     return MemoryArchive(path, model, tokenizer=tokenizer, codec=codec, numerics=numerics)
+
+
+_ADD_FIELDS = {
+    "session_id",
+    "input_ids",
+    "cache",
+    "residual",
+    "tolerance",
+    "prompt_length",
+    "schedule",
+    "meta",
+    "max_relative_difference",
+}
+USER_META_KEY = "meta"  # where a session's `add(meta=...)` is kept in its capture metadata
+
+
+def check_meta(meta) -> dict:
+    """`add(meta=...)`: a dict of JSON-plain values (what the archive index can hold)."""
+    import json
+
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+        raise SeqkvError("meta must be a dict with string keys")
+    for key, value in meta.items():
+        if not isinstance(value, str | int | float | dict) or value is None:
+            raise SeqkvError(
+                f"meta[{key!r}] is {type(value).__name__}; values must be str, int, float, "
+                "bool or dict"
+            )
+    try:
+        text = json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise SeqkvError(f"meta is not JSON-plain: {exc}") from None
+    if len(text) > 65536:
+        raise SeqkvError(f"meta is {len(text)} bytes of JSON; at most 65,536")
+    return json.loads(text)
+
+
+def relative_difference(keys, values, canon_keys, canon_values) -> tuple[float, int]:
+    """The worst layer's ‖cache - canonical‖ / ‖canonical‖ over K and V, and that layer."""
+    worst, at = 0.0, 0
+    for i, (k, v, ck, cv) in enumerate(zip(keys, values, canon_keys, canon_values, strict=True)):
+        num = sum(float((a.double() - b.double()).norm()) ** 2 for a, b in ((k, ck), (v, cv)))
+        den = sum(float(b.double().norm()) ** 2 for b in (ck, cv))
+        rel = (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else float("inf"))
+        if rel > worst:
+            worst, at = rel, i
+    return worst, at
 
 
 def check_session_id(session_id) -> str:

@@ -13,9 +13,10 @@ from seqkv_cli.container.compact import FINGERPRINT_HEX, CompactSession, unrepre
 from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord
 
 # What a compact file keeps about a session beyond what it needs to decode: nothing. The
-# capture's provenance (source, capture time, versions) is dropped; a replay record is not,
-# so a session that carries one is never written compact.
-KEPT_EXTRAS = ("replay",)
+# capture's provenance (source, capture time, versions) is dropped; a replay record and the
+# metadata a library user gave (`add(meta=...)`) are not, so a session that carries one is
+# never written compact.
+KEPT_EXTRAS = ("replay", "meta")
 
 
 def compact_form(build, config: dict, model: dict) -> tuple[CompactSession, bytes] | str:
