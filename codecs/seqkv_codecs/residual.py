@@ -93,3 +93,30 @@ def apply_residual(data: bytes, recomputed: np.ndarray) -> np.ndarray:
     if flat.min(initial=0) < 0 or flat.max(initial=0) >= 1 << (8 * width):
         raise CorruptStreamError("residual moves a value out of range")
     return flat.astype(_UINT[width]).reshape(recomputed.shape)
+
+
+# A residual resting on another session (trie archives): for positions [0, p) the reference is
+# that session's restored K/V instead of the recompute. Sessions of one segment that share a
+# prefix whose K/V are the same bits (llama.cpp slots of one system prompt) then store the
+# prefix's residual once. An older reader finds an unknown magic and refuses the part.
+BASED_MAGIC = b"SKB1"
+_BASED = struct.Struct("<4sBBHII")  # magic, version 1, reserved u8, u16; base local, p
+
+
+def encode_based(base_local: int, positions: int, inner: bytes) -> bytes:
+    """`inner` (an SKR1 stream against the spliced reference) resting on session `base_local`
+    of the same segment for its first `positions` positions."""
+    return _BASED.pack(BASED_MAGIC, 1, 0, 0, base_local, positions) + inner
+
+
+def parse_based(data: bytes) -> tuple[int, int, bytes]:
+    """(base session's local index, shared positions, the inner SKR1 stream)."""
+    if len(data) < _BASED.size:
+        raise CorruptStreamError("based residual stream shorter than its header")
+    magic, version, r1, r2, base, positions = _BASED.unpack_from(data)
+    if magic != BASED_MAGIC or version != 1 or r1 or r2:
+        raise CorruptStreamError("not a based residual stream of version 1")
+    inner = data[_BASED.size :]
+    if inner[:4] != MAGIC:
+        raise CorruptStreamError("based residual stream does not hold an exact residual")
+    return base, positions, inner

@@ -33,6 +33,9 @@ class Capture:
     values: list[torch.Tensor]
     surprisal: torch.Tensor
     meta: dict = field(default_factory=dict)
+    # Residual parts still to apply on another session's K/V ((kind, layer) -> (base local
+    # index, positions, stream)): set between a trie path's decode and skv.restore's finish.
+    deferred: dict = field(default_factory=dict, repr=False)
 
     @property
     def positions(self) -> int:

@@ -201,9 +201,16 @@ class SessionCodec:
         return finish_capture(entry, read, tokens, keys, values, track.surprisal)
 
 
-def finish_capture(entry: dict, read, tokens, keys, values, surprisal) -> Capture:
-    """Recomputed K/V plus the session's stored residuals (and surprisal, when stored)."""
-    from seqkv_codecs.residual import apply_residual
+def finish_capture(
+    entry: dict, read, tokens, keys, values, surprisal, deferred: dict | None = None
+) -> Capture:
+    """Recomputed K/V plus the session's stored residuals (and surprisal, when stored).
+
+    A residual resting on another session (`SKB1`, trie archives only) is left for the caller
+    in `deferred` ({(kind, layer): (base local index, positions, SKR1 stream)}, also kept on
+    the capture as `.deferred`); without `deferred` one is refused as damage."""
+    from seqkv_codecs.errors import CodecError
+    from seqkv_codecs.residual import BASED_MAGIC, apply_residual, parse_based
     from seqkv_codecs.tolerance import MAGIC as TOLERANCE_MAGIC
     from seqkv_codecs.tolerance import apply_tolerance
 
@@ -212,6 +219,17 @@ def finish_capture(entry: dict, read, tokens, keys, values, surprisal) -> Captur
         for layer, t in enumerate(tensors):
             data = read(f"residual.layers.{layer}.{kind}")
             if data is None:
+                continue
+            if data[:4] == BASED_MAGIC:
+                if deferred is None:
+                    raise SeqkvError(
+                        f"residual.layers.{layer}.{kind} rests on another session, which only "
+                        "a trie archive's sessions may do: the file is damaged"
+                    )
+                try:
+                    deferred[(kind, layer)] = parse_based(data)
+                except CodecError as exc:
+                    raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
                 continue
             if data[:4] == TOLERANCE_MAGIC:
                 bits = apply_tolerance(data, kv_bits(t), entry["dtype"])
@@ -222,4 +240,7 @@ def finish_capture(entry: dict, read, tokens, keys, values, surprisal) -> Captur
     if stored is not None:
         surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
     meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
-    return Capture(torch.from_numpy(np.asarray(tokens)), keys, values, surprisal, meta)
+    cap = Capture(torch.from_numpy(np.asarray(tokens)), keys, values, surprisal, meta)
+    if deferred:
+        cap.deferred = deferred
+    return cap

@@ -177,13 +177,33 @@ class Archive:
             base.setdefault(c, self.sessions[c])
             if self.sessions[c]["trie"].get("centroid") is not None:
                 raise SeqkvError(f"{self.path}: session {e['id']}'s centroid is itself an edit")
+        based, broken = self._residual_bases(base)
+        for i, exc in broken.items():  # a damaged session fails alone
+            base.pop(i)
+            if i in wanted:
+                yield wanted[i], exc
+        for b in set(based.values()):
+            base.setdefault(b, self.sessions[b])
         centroid_tokens = {}
+        finished, held = {}, {}
         for entry, result in self._restore_paths(base):
             i = entry["index"]
             if not isinstance(result, Exception):
                 centroid_tokens[i] = result.tokens.numpy()
-            if i in wanted:
-                yield entry, self._with_meta(entry, result)
+                if result.deferred and i not in based:
+                    result = SeqkvError(
+                        f"{self.path}: session {entry['id']}: a residual rests on a session "
+                        "its parts do not name: the file is damaged"
+                    )
+            if i in based.values():
+                finished[i] = result
+            held[i] = (entry, result)
+            for j in [j for j in held if j not in based or based[j] in finished]:
+                e, r = held.pop(j)
+                if j in based:
+                    r = self._rest_on(e, r, finished[based[j]])
+                if j in wanted:
+                    yield e, self._with_meta(e, r)
         for entry in members.values():
             c = entry["trie"]["centroid"]
             if c not in centroid_tokens:
@@ -191,6 +211,44 @@ class Archive:
             else:
                 result = self._restore_member(entry, centroid_tokens[c])
             yield entry, self._with_meta(entry, result)
+
+    def _residual_bases(self, entries: dict[int, dict]):
+        """{session index: the session its residual rests on} for these path sessions, and
+        {session index: error} for those whose parts are damaged."""
+        from seqkv_cli.skv.based import residual_base
+
+        out, broken = {}, {}
+        for i, e in entries.items():
+            try:
+                b = residual_base(e, self._session_reader(e))
+                if b is not None and (
+                    not 0 <= b < len(self.sessions)
+                    or self.sessions[b]["trie"].get("centroid") is not None
+                    or residual_base(self.sessions[b], self._session_reader(self.sessions[b]))
+                    is not None
+                ):
+                    raise SeqkvError("the session its residual rests on is not a plain one")
+            except SeqkvError as exc:
+                broken[i] = SeqkvError(f"{self.path}: session {e['id']}: {exc}")
+                continue
+            if b is not None:
+                out[i] = b
+        return out, broken
+
+    def _rest_on(self, entry: dict, result, base):
+        from seqkv_cli.skv.based import rest_on
+
+        if isinstance(result, Exception):
+            return result
+        if isinstance(base, Exception):
+            return SeqkvError(
+                f"{self.path}: session {entry['id']}: the session its residual rests on "
+                f"failed ({base})"
+            )
+        try:
+            return rest_on(result, base)
+        except SeqkvError as exc:
+            return SeqkvError(f"{self.path}: session {entry['id']}: {exc}")
 
     def _restore_member(self, entry: dict, centroid_tokens):
         from seqkv_cli.sequential.session_codec import finish_capture

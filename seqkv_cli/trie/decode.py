@@ -415,6 +415,8 @@ def _session(run, contents: TrieContents, s: int, entry: dict, read, canon):
     rec = contents.sessions[s]
     try:
         keys, values, surprisal = session_kv(run, rec.end, DTYPES[entry["dtype"]], canon.num_layers)
-        return finish_capture(entry, read, run.all_tokens(rec.end), keys, values, surprisal)
+        tokens = run.all_tokens(rec.end)
+        # residuals resting on another session are applied once it is restored (skv.restore)
+        return finish_capture(entry, read, tokens, keys, values, surprisal, deferred={})
     except SeqkvError as exc:
         return exc

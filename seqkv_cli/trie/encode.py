@@ -8,6 +8,7 @@ table. A session's residual compares its captured K/V with what the trie reprodu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,18 +50,74 @@ def session_records(sources: list[Source], ends: list[tuple[int, int]]) -> Segme
     return SegmentTables([], records, profiles)
 
 
-def check_session(coder, build: SegmentBuild, local: int, cap, keys, values, surprisal) -> None:
-    """Residual of one session against the K/V the trie reproduces, and its stored extras."""
+def check_session(
+    coder, build: SegmentBuild, local: int, cap, keys, values, surprisal, base=None
+) -> None:
+    """Residual of one session against the K/V the trie reproduces, and its stored extras.
+
+    `base` = (local index, capture, positions): an earlier session of the segment whose first
+    `positions` positions this one shares; a part whose residual is smaller against that
+    session's K/V there (the same bits: llama.cpp slots of one prompt) rests on it (SKB1)."""
     out = EncodedSession({}, 0.0)
     for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
         for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
-            coder.add_residual(out, f"layers.{layer}.{kind}", kv_bits(a), kv_bits(b), cap)
+            part = f"layers.{layer}.{kind}"
+            coder.add_residual(out, part, kv_bits(a), kv_bits(b), cap)
+            if base is not None:
+                _rest_on_base(out, part, a, b, base, kind, layer)
     if surprisal is not None and not torch.equal(surprisal, cap.surprisal.double()):
         out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
         build.notes.append(f"{cap.session_id}: surprisal differs from recomputation; stored")
     for name, data in out.parts.items():
         build.parts[f"s{local}/{name}"] = data
     build.tables.sessions[local].log2_ppl_milli = ppl_milli(cap.surprisal)
+
+
+MIN_SHARED_FOR_BASE = 16  # positions: below this a based residual cannot pay its header
+
+
+def _rest_on_base(out: EncodedSession, part: str, captured, recomputed, base, kind, layer):
+    from seqkv_codecs.residual import encode_based, encode_residual
+
+    name = f"residual.{part}"
+    if name not in out.parts or out.parts[name][:4] != b"SKR1":  # nothing to save on
+        return
+    base_local, load_base, positions = base
+    base_cap = load_base()
+    theirs = (base_cap.keys if kind == "key" else base_cap.values)[layer]
+    if theirs.dtype != captured.dtype or theirs.shape[0::2] != captured.shape[0::2]:
+        return
+    reference = torch.cat([theirs[:, :positions], recomputed[:, positions:]], dim=1)
+    data = encode_based(
+        base_local, positions, encode_residual(kv_bits(captured), kv_bits(reference))
+    )
+    if len(data) < len(out.parts.get(name, b"")):
+        out.residual_bytes += len(data) - len(out.parts[name])
+        out.parts[name] = data
+
+
+def residual_bases(sources: list[Source], members) -> dict[int, tuple[int, int]]:
+    """{session: (earlier session, shared positions)}: each session's longest token prefix in
+    common with an earlier session of the segment that rests on none (so restore needs one
+    extra session at most). Only exact residuals rest on another session."""
+    bases: dict[int, tuple[int, int]] = {}
+    roots: list[int] = []
+    for local, src in enumerate(sources):
+        if local in members or src.recompute:
+            continue
+        best, shared = -1, 0
+        for r in roots:
+            other = sources[r].tokens
+            n = min(len(other), len(src.tokens))
+            diff = np.flatnonzero(other[:n] != src.tokens[:n])
+            common = int(diff[0]) if diff.size else n
+            if common > shared:
+                best, shared = r, common
+        if shared >= MIN_SHARED_FOR_BASE:
+            bases[local] = (best, shared)
+        else:
+            roots.append(local)
+    return bases
 
 
 def encode_model_segment(
@@ -93,6 +150,10 @@ def encode_model_segment(
     coded: dict[int, tuple[bytes, float]] = {}
     sequential = capabilities(coder).steps_model
     dtype_of = {local: DTYPES[src.meta["dtype"]] for local, src in enumerate(sources)}
+    exact = (
+        getattr(coder, "residual", None) == "lossless" and getattr(coder, "tolerance", 1) is None
+    )
+    bases = residual_bases(sources, members) if exact else {}
 
     def visit(run: Run) -> None:
         if sequential and run.node >= first_new:
@@ -104,8 +165,12 @@ def encode_model_segment(
             end = ends[local][1]
             keys, values, surprisal = session_kv(run, end, dtype_of[local], canon.num_layers)
             cap = src.recomputed(keys, values, surprisal) if src.recompute else src.load()
+            base = None
+            if local in bases and src.coder_for(coder) is coder:
+                b, shared = bases[local]
+                base = (b, functools.cache(sources[b].load), shared)
             check_session(
-                sources[local].coder_for(coder), build, local, cap, keys, values, surprisal
+                sources[local].coder_for(coder), build, local, cap, keys, values, surprisal, base
             )
             if on_progress:
                 on_progress(cap.positions)

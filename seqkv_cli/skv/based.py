@@ -1,0 +1,73 @@
+"""Residuals that rest on another session of the same trie segment (`SKB1` parts).
+
+For a session whose first p positions have the same K/V bits as an earlier session of its
+segment (llama.cpp slots sharing a system prompt), the encoder may code its residual against
+that session's restored K/V for [0, p) and the recompute after it (trie/encode.py). Restore
+decodes both sessions' token paths as usual, then applies such parts once the base session
+is finished (skv/restore.py). A base never rests on another session itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from seqkv_cli.errors import SeqkvError
+
+
+def residual_base(entry: dict, read) -> int | None:
+    """The global index of the session `entry`'s residual rests on, or None (the parts'
+    headers are read; every based part must name the same earlier session)."""
+    from seqkv_codecs.errors import CodecError
+    from seqkv_codecs.residual import BASED_MAGIC, parse_based
+
+    found = set()
+    for layer in range(int(entry["shapes"]["num_layers"])):
+        for kind in ("key", "value"):
+            data = read(f"residual.layers.{layer}.{kind}")
+            if data is None or data[:4] != BASED_MAGIC:
+                continue
+            try:
+                found.add(parse_based(data)[0])
+            except CodecError as exc:
+                raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
+    if not found:
+        return None
+    local = int(entry["trie"]["local"])
+    if len(found) > 1 or min(found) >= local:
+        raise SeqkvError(
+            f"its residual rests on sessions {sorted(found)} of its segment; one earlier "
+            "session is allowed: the file is damaged"
+        )
+    return int(entry["index"]) - local + found.pop()
+
+
+def rest_on(cap, base) -> object:
+    """`cap` with its deferred residual parts applied on `base`'s K/V for their positions."""
+    from seqkv_cli.sequential.session_codec import kv_bits, kv_from_bits
+    from seqkv_codecs.errors import CodecError
+    from seqkv_codecs.residual import apply_residual
+
+    for (kind, layer), (_, positions, inner) in sorted(cap.deferred.items()):
+        mine = (cap.keys if kind == "key" else cap.values)[layer]
+        theirs = (base.keys if kind == "key" else base.values)[layer]
+        if (
+            theirs.dtype != mine.dtype
+            or theirs.shape[0] != mine.shape[0]
+            or theirs.shape[2] != mine.shape[2]
+            or not 0 < positions <= min(mine.shape[1], theirs.shape[1])
+        ):
+            raise SeqkvError(
+                f"residual.layers.{layer}.{kind} rests on {positions} positions of a session "
+                f"of another shape ({tuple(theirs.shape)} vs {tuple(mine.shape)})"
+            )
+        reference = torch.cat([theirs[:, :positions], mine[:, positions:]], dim=1)
+        try:
+            bits = apply_residual(inner, kv_bits(reference))
+        except CodecError as exc:
+            raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
+        (cap.keys if kind == "key" else cap.values)[layer] = kv_from_bits(
+            np.ascontiguousarray(bits), mine.dtype
+        )
+    cap.deferred = {}
+    return cap
