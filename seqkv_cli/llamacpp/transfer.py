@@ -213,7 +213,7 @@ def export_state(
         lm = arc.lm
         stored = arc.meta(session_id).get(META_KEY)
         cap = arc.load_capture(session_id)
-    layout = dict(stored) if isinstance(stored, dict) else _default_layout(lm)
+    layout = dict(stored) if isinstance(stored, dict) else _default_layout()
     if kind is not None:
         layout["kind"] = kind
     if flash_attn is not None:
@@ -251,7 +251,7 @@ def _layout_meta(state: LlamaState, data: bytes) -> dict:
     return layout
 
 
-def _default_layout(lm) -> dict:
+def _default_layout() -> dict:
     """What llama.cpp's defaults load: a sequence file (llama-server's slot format), f16
     cache, flash attention on (llama.cpp's `-fa auto` on CPU), one stream, sequence 0."""
     return {

@@ -77,10 +77,11 @@ MIN_SHARED_FOR_BASE = 16  # positions: below this a based residual cannot pay it
 
 
 def _rest_on_base(out: EncodedSession, part: str, captured, recomputed, base, kind, layer):
+    from seqkv_codecs.residual import MAGIC as RESIDUAL_MAGIC
     from seqkv_codecs.residual import encode_based, encode_residual
 
     name = f"residual.{part}"
-    if name not in out.parts or out.parts[name][:4] != b"SKR1":  # nothing to save on
+    if name not in out.parts or out.parts[name][:4] != RESIDUAL_MAGIC:  # nothing to save on
         return
     base_local, load_base, positions = base
     base_cap = load_base()
@@ -101,12 +102,15 @@ def residual_bases(sources: list[Source], members) -> dict[int, tuple[int, int]]
     common with an earlier session of the segment that rests on none (so restore needs one
     extra session at most). Only exact residuals rest on another session."""
     bases: dict[int, tuple[int, int]] = {}
-    roots: list[int] = []
+    # A base must share MIN_SHARED_FOR_BASE tokens: only roots with the same first ones can
+    # be one, so sessions are compared within those groups, not all against all.
+    roots: dict[tuple, list[int]] = {}
     for local, src in enumerate(sources):
         if local in members or src.recompute:
             continue
+        key = tuple(src.tokens[:MIN_SHARED_FOR_BASE].tolist())
         best, shared = -1, 0
-        for r in roots:
+        for r in roots.get(key, []) if len(key) == MIN_SHARED_FOR_BASE else []:
             other = sources[r].tokens
             n = min(len(other), len(src.tokens))
             diff = np.flatnonzero(other[:n] != src.tokens[:n])
@@ -116,7 +120,7 @@ def residual_bases(sources: list[Source], members) -> dict[int, tuple[int, int]]
         if shared >= MIN_SHARED_FOR_BASE:
             bases[local] = (best, shared)
         else:
-            roots.append(local)
+            roots.setdefault(key, []).append(local)
     return bases
 
 
@@ -150,9 +154,7 @@ def encode_model_segment(
     coded: dict[int, tuple[bytes, float]] = {}
     sequential = capabilities(coder).steps_model
     dtype_of = {local: DTYPES[src.meta["dtype"]] for local, src in enumerate(sources)}
-    exact = (
-        getattr(coder, "residual", None) == "lossless" and getattr(coder, "tolerance", 1) is None
-    )
+    exact = getattr(coder, "lossless", False) and getattr(coder, "residual", None) == "lossless"
     bases = residual_bases(sources, members) if exact else {}
 
     def visit(run: Run) -> None:
