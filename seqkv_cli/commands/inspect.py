@@ -15,13 +15,26 @@ from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
-def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]) -> None:
+def info_command(
+    archive: Annotated[Path, typer.Argument(help="The .skv file.")],
+    restore_time: Annotated[
+        bool,
+        typer.Option(
+            "--restore-time",
+            help="Estimate the restore time on this machine (loads the model, times a few "
+            "passes of its canonical forward; per-vector codecs restore one session).",
+        ),
+    ] = False,
+    model: ModelOption = None,
+    threads: ThreadsOption = None,
+) -> None:
     """Header, sessions, sizes per part and bits per position of a container."""
     from seqkv_cli.skv.accounting import account
     from seqkv_cli.skv.restore import Archive
 
-    with Archive(archive) as arc:
+    with Archive(archive, model=model) as arc:
         acc = account(arc)
+        estimate = _estimate(arc) if restore_time else None
         console.print(
             f"[bold]{shown(archive)}[/]  format {'.'.join(map(str, arc.reader.version))}, "
             f"{human_bytes(acc.file_bytes)}, codec {shown(arc.codec.codec_id)} "
@@ -39,18 +52,23 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
                 f"fingerprint {shown(arc.model.get('fingerprint', '?'))}"
             )
         table = Table()
-        for col in ("session", "positions", "dtype", "bytes", "bits/position", "log2 PP"):
+        cols = ["session", "positions", "dtype", "bytes", "bits/position", "log2 PP"]
+        cols += ["restore s alone (est.)"] if estimate else []
+        for col in cols:
             table.add_column(col, justify="left" if col == "session" else "right")
         for s in acc.sessions:
             ppl = s["log2_ppl"]
-            table.add_row(
+            cells = [
                 shown(s["id"]),
                 f"{s['positions']:,}",
                 shown(s["dtype"]),
                 human_bytes(s["bytes"]),
                 _bits(s["bits_per_position"]),
                 "-" if ppl is None else f"{ppl:.3f}",
-            )
+            ]
+            if estimate:
+                cells.append(f"{estimate.per_session[s['id']]:,.1f}")
+            table.add_row(*cells)
         console.print(table)
         parts = Table(title="bits per position by part")
         for col in ("part", "bytes", "bits/position", "share"):
@@ -74,6 +92,19 @@ def info_command(archive: Annotated[Path, typer.Argument(help="The .skv file.")]
             f"vs fp16 K/V ({acc.fp16_bits_per_position:,} bits/position): "
             f"{acc.fp16_bits_per_position / max(acc.bits_per_position, 1e-9):.2f}x"
         )
+        if estimate:
+            console.print(
+                f"restore on this machine (estimated): {estimate.seconds:,.1f} s for all "
+                f"{len(acc.sessions):,} session(s), {estimate.tokens:,} tokens decoded, "
+                f"{estimate.tokens_per_s:,.1f} tokens/s; {shown(estimate.basis)}"
+            )
+
+
+def _estimate(arc):
+    from seqkv_cli.skv.restore_time import estimate_restore
+
+    with console.status("estimating restore time"):
+        return estimate_restore(arc)
 
 
 def _bits(x: float) -> str:

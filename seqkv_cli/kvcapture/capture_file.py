@@ -36,6 +36,10 @@ class Capture:
     # Residual parts still to apply on another session's K/V ((kind, layer) -> (base local
     # index, positions, stream)): set between a trie path's decode and skv.restore's finish.
     deferred: dict = field(default_factory=dict, repr=False)
+    # Set on restore by codecs that add a stored residual to K/V they predict or recompute:
+    # {"key": [per layer], "value": [per layer]}, the 95th percentile of |residual| over a
+    # layer's elements (0.0 where a layer stores none); None where K/V are stored directly.
+    residual_p95: dict | None = field(default=None, repr=False)
 
     @property
     def positions(self) -> int:

@@ -175,6 +175,7 @@ class _Collector:
                         raise restored
                     row = by_id[entry["id"]]
                     row.restore_seconds = time.perf_counter() - start - busy
+                    row.residual_p95 = restored.residual_p95
                     decoded += row.positions
                     measuring = time.perf_counter()
                     self._fidelity(row, group, restored, lm, source)

@@ -14,7 +14,7 @@ from seqkv_cli.report.aggregate import by_codec
 from seqkv_cli.report.collect import Report
 from seqkv_cli.report.gate import Failure, Thresholds
 from seqkv_cli.report.row import PARTS
-from seqkv_cli.report.table import flag, num
+from seqkv_cli.report.table import flag, num, residual_cell
 
 SCHEMA = "seqkv.report"
 SCHEMA_VERSION = 1
@@ -161,6 +161,7 @@ SESSION_COLUMNS = [
     "exact",
     "max abs err",
     "attention err",
+    "residual p95 K / V",
 ]
 
 
@@ -175,6 +176,7 @@ def _session_cells(r) -> list:
         flag(r.exact),
         num(r.max_abs_error),
         num(r.attention_error),
+        residual_cell(r),
     ]
 
 

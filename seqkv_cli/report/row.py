@@ -40,6 +40,10 @@ class Row:
     # session was restored, and the archive's decode rate (tokens/s) on this machine
     restore_seconds: float | None = None
     restore_tokens_per_s: float | None = None
+    # measured while verifying, for codecs that add a stored residual to predicted or
+    # recomputed K/V: {"key": [...], "value": [...]}, per layer the 95th percentile of
+    # |residual| (Capture.residual_p95); None for codecs that store K/V directly
+    residual_p95: dict | None = None
     windows: list[dict] = field(default_factory=list)
     # per-position cost (bits) and surprisal: for plots, not serialised
     curve: np.ndarray | None = field(default=None, repr=False)
@@ -65,6 +69,11 @@ class Row:
     @property
     def fp16_bits_per_position(self) -> int:
         return 16 * self.components_per_position
+
+    def residual_p95_max(self, kind: str) -> float | None:
+        """The largest layer's 95th percentile of |residual| for "key" or "value"."""
+        layers = (self.residual_p95 or {}).get(kind)
+        return max(layers) if layers else None
 
     @property
     def ratio_vs_fp16(self) -> float:
@@ -102,12 +111,16 @@ class Row:
             out[key] = getattr(self, key)
         out["restore_seconds"] = self.restore_seconds
         out["restore_tokens_per_s"] = self.restore_tokens_per_s
+        out["residual_p95"] = self.residual_p95
         out["windows"] = self.windows
         return _finite(out)
 
     def to_flat(self) -> dict:
         """One CSV/Parquet record: breakdown flattened, windows summarised by first and last."""
-        record = {k: v for k, v in self.to_json().items() if k not in ("breakdown", "windows")}
+        drop = ("breakdown", "windows", "residual_p95")
+        record = {k: v for k, v in self.to_json().items() if k not in drop}
+        record["residual_p95_key_max"] = self.residual_p95_max("key")
+        record["residual_p95_value_max"] = self.residual_p95_max("value")
         record["codec_config"] = _config_text(self.codec_config)
         for part in PARTS:
             record[f"breakdown_{part}"] = self.breakdown.get(part, 0.0)

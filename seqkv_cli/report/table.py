@@ -14,7 +14,7 @@ from seqkv_cli.report.row import PARTS, Row
 def session_table(rows: list[Row], continuation: int) -> Table:
     table = Table(title="seqkv report: bits per token position vs log2 PP")
     cols = ["session", "codec", "positions", "bits/pos", "log2 PP", "gap (x)", "gap bits"]
-    cols += ["vs fp16", "vs turbo3", "exact", "max abs err", "attn err"]
+    cols += ["vs fp16", "vs turbo3", "exact", "max abs err", "attn err", "residual p95 K / V"]
     if continuation:
         cols += ["Δlog2 PP", f"greedy agree ({continuation})"]
     for col in cols:
@@ -28,7 +28,7 @@ def session_table(rows: list[Row], continuation: int) -> Table:
         cells = [escape(r.id), escape(codec_label(r)), f"{r.positions:,}", num(r.bits_per_position)]
         cells += [num(r.log2_ppl), num(r.gap_ratio), num(r.gap_bits)]
         cells += [f"{num(r.ratio_vs_fp16)}x", f"{num(r.ratio_vs_turbo3)}x", flag(r.exact)]
-        cells += [num(r.max_abs_error), num(r.attention_error)]
+        cells += [num(r.max_abs_error), num(r.attention_error), residual_cell(r)]
         if continuation:
             agree = None if r.greedy_agreement is None else f"{100 * r.greedy_agreement:.0f}%"
             cells += [num(r.delta_log2_ppl), agree or "-"]
@@ -60,6 +60,13 @@ def summary_table(rows: list[Row]) -> Table:
             style="dim" if s.role == "baseline" else None,
         )
     return table
+
+
+def residual_cell(row: Row) -> str:
+    """Worst layer's 95th percentile of |residual|, K / V; "-" without a residual."""
+    if row.residual_p95 is None:
+        return "-"
+    return f"{num(row.residual_p95_max('key'))} / {num(row.residual_p95_max('value'))}"
 
 
 def codec_label(row: Row) -> str:

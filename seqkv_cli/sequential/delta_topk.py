@@ -88,6 +88,18 @@ def predict_kv(canon, tokens: np.ndarray, *, k: int, variant: str) -> Prediction
     return Prediction(list(keys), list(values), surp)
 
 
+def _residual_p95(delta: np.ndarray, n: int, canon) -> dict:
+    """Per layer, K and V: the 95th percentile of the dequantized residual's magnitude."""
+    mag = np.abs(delta.reshape(n, canon.num_layers, 2, -1))
+    return {
+        kind: [
+            float(np.percentile(mag[:, layer, j], 95)) if n else 0.0
+            for layer in range(canon.num_layers)
+        ]
+        for j, kind in enumerate(("key", "value"))
+    }
+
+
 def flatten_kv(keys, values) -> torch.Tensor:
     """Per-layer (kv_heads, n, hd) K and V -> (n, layers * 2 * kv_heads * hd) fp32."""
     kv = torch.stack([torch.stack(list(keys)), torch.stack(list(values))], 1).float()
@@ -205,7 +217,9 @@ class DeltaTopKCodec(SessionCodec):
             surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
         meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
         keys, values = [t.contiguous() for t in kv[:, 0]], [t.contiguous() for t in kv[:, 1]]
-        return Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
+        cap = Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)
+        cap.residual_p95 = _residual_p95(deq.values, n, canon)
+        return cap
 
     def decode_many(self, entries: list[dict], reads: list, canon) -> list:
         """Captures, or the error of each session that failed; one session at a time."""

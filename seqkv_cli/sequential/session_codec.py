@@ -54,6 +54,15 @@ def kv_bits(t: torch.Tensor) -> np.ndarray:
     )
 
 
+def residual_p95(predicted: torch.Tensor, restored: torch.Tensor) -> float:
+    """The 95th percentile of |restored - predicted| over a tensor's elements: the residual's
+    magnitude the paper calibrates quantizer steps with (report's monitoring list)."""
+    diff = (restored.double() - predicted.double()).abs().flatten()
+    if not diff.numel():
+        return 0.0
+    return float(np.percentile(diff.nan_to_num(nan=float("inf")).numpy(), 95))
+
+
 def kv_from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     signed = np.int16 if bits.dtype == np.uint16 else np.int32
     return torch.from_numpy(bits.view(signed).copy()).view(dtype)
@@ -202,9 +211,19 @@ class SessionCodec:
 
 
 def finish_capture(
-    entry: dict, read, tokens, keys, values, surprisal, deferred: dict | None = None
+    entry: dict,
+    read,
+    tokens,
+    keys,
+    values,
+    surprisal,
+    deferred: dict | None = None,
+    residuals: bool = True,
 ) -> Capture:
     """Recomputed K/V plus the session's stored residuals (and surprisal, when stored).
+
+    `residuals` False: K/V decoded directly (per-vector blocks), so there is no residual
+    magnitude to report (`Capture.residual_p95` None).
 
     A residual resting on another session (`SKB1`, trie archives only) is left for the caller
     in `deferred` ({(kind, layer): (base local index, positions, SKR1 stream)}, also kept on
@@ -215,6 +234,7 @@ def finish_capture(
     from seqkv_codecs.tolerance import apply_tolerance
 
     dtype = DTYPES[entry["dtype"]]
+    p95 = {"key": [0.0] * len(keys), "value": [0.0] * len(values)}
     for kind, tensors in (("key", keys), ("value", values)):
         for layer, t in enumerate(tensors):
             data = read(f"residual.layers.{layer}.{kind}")
@@ -236,11 +256,13 @@ def finish_capture(
             else:
                 bits = apply_residual(data, kv_bits(t))
             tensors[layer] = kv_from_bits(bits, dtype)
+            p95[kind][layer] = residual_p95(t, tensors[layer])
     stored = read("surprisal")
     if stored is not None:
         surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
     meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
     cap = Capture(torch.from_numpy(np.asarray(tokens)), keys, values, surprisal, meta)
+    cap.residual_p95 = p95 if residuals else None
     if deferred:
         cap.deferred = deferred
     return cap

@@ -44,7 +44,7 @@ def residual_base(entry: dict, read) -> int | None:
 
 def rest_on(cap, base) -> object:
     """`cap` with its deferred residual parts applied on `base`'s K/V for their positions."""
-    from seqkv_cli.sequential.session_codec import kv_bits, kv_from_bits
+    from seqkv_cli.sequential.session_codec import kv_bits, kv_from_bits, residual_p95
     from seqkv_codecs.errors import CodecError
     from seqkv_codecs.residual import apply_residual
 
@@ -66,8 +66,9 @@ def rest_on(cap, base) -> object:
             bits = apply_residual(inner, kv_bits(reference))
         except CodecError as exc:
             raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
-        (cap.keys if kind == "key" else cap.values)[layer] = kv_from_bits(
-            np.ascontiguousarray(bits), mine.dtype
-        )
+        restored = kv_from_bits(np.ascontiguousarray(bits), mine.dtype)
+        (cap.keys if kind == "key" else cap.values)[layer] = restored
+        if cap.residual_p95 is not None:  # the residual is against the base where it rests
+            cap.residual_p95[kind][layer] = residual_p95(reference, restored)
     cap.deferred = {}
     return cap

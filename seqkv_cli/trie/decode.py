@@ -107,6 +107,20 @@ def restore(
 ) -> Iterator[tuple[int, object]]:
     """Yield (session index, Capture or the SeqkvError that stopped it) as sessions finish;
     `stats`, if given, is filled with what the `seq` decoding cost."""
+    kids, ending, limit = _needed(contents, wanted)
+    nodes = contents.nodes
+    stats = stats if stats is not None else DecodeStats()
+    stats.total += sum(limit.values())
+    plan = _Plan(CanonicalLogits(canon), nodes, kids, limit, source, stats)
+    stepping = capabilities(codec).steps_model
+    for n, done in plan.stepped() if stepping else plan.prefilled():
+        for s in ending.get(n, []):
+            yield s, _session(done, contents, s, entries[s], reads[s], canon)
+
+
+def _needed(contents: TrieContents, wanted: list[int]):
+    """For restoring `wanted`: the needed nodes' children ({parent: [node]}, roots under -1),
+    the sessions ending in each node, and how far each node must be decoded."""
     nodes = contents.nodes
     needed = sorted({n for s in wanted for n in chain(nodes, contents.sessions[s].end_node)})
     kids: dict[int, list[int]] = {}
@@ -124,13 +138,37 @@ def restore(
         )
         for n in needed
     }
-    stats = stats if stats is not None else DecodeStats()
-    stats.total += sum(limit.values())
-    plan = _Plan(CanonicalLogits(canon), nodes, kids, limit, source, stats)
-    stepping = capabilities(codec).steps_model
-    for n, done in plan.stepped() if stepping else plan.prefilled():
-        for s in ending.get(n, []):
-            yield s, _session(done, contents, s, entries[s], reads[s], canon)
+    return kids, ending, limit
+
+
+def planned_passes(contents: TrieContents, wanted: list[int]) -> tuple[int, int]:
+    """(model passes, tokens) a `seq` restore of `wanted` needs without guesses: `stepped`'s
+    schedule replayed on node lengths alone (LOCKSTEP rows, a child ready once its parent
+    has passed its branch point, ready nodes in order), for estimates (skv.restore_time)."""
+    kids, _, limit = _needed(contents, wanted)
+    nodes = contents.nodes
+    ready, active, passes = deque(kids.get(-1, [])), {}, 0
+    while ready or active:
+        while ready and len(active) < LOCKSTEP:
+            n = ready.popleft()
+            active[n] = 0
+        # every active node gains one token a pass: jump to the next start or end
+        events = [limit[n] - done for n, done in active.items()]
+        events += [
+            nodes[c].attach - done
+            for n, done in active.items()
+            for c in kids.get(n, [])
+            if nodes[c].attach > done
+        ]
+        step = max(1, min(events)) if events else 1
+        passes += step if active else 0
+        for n in list(active):
+            before, active[n] = active[n], min(active[n] + step, limit[n])
+            ready.extend(c for c in kids.get(n, []) if before < nodes[c].attach <= active[n])
+            ready.extend(c for c in kids.get(n, []) if nodes[c].attach == 0 and before == 0)
+            if active[n] >= limit[n]:
+                del active[n]
+    return passes, sum(limit.values())
 
 
 class _Plan:

@@ -143,7 +143,10 @@ def restore_pervector(arc, wanted: list[int], reads: dict):
             path = chain(contents.nodes, rec.end_node)
             used = [contents.nodes[c].attach for c in path[1:]] + [rec.end]
             tokens = np.concatenate([tokens_of[n][:u] for n, u in zip(path, used, strict=True)])
-            yield s, finish_capture(entry, reads[s], tokens, keys, values, surprisal)
+            yield (
+                s,
+                finish_capture(entry, reads[s], tokens, keys, values, surprisal, residuals=False),
+            )
         except SeqkvError as exc:
             yield s, exc
 

@@ -96,6 +96,40 @@ def test_info_reports_parts_and_bits(captures, tmp_path):
         assert fragment in result.stdout, fragment
 
 
+def test_info_estimates_restore_time(captures, tmp_path, tiny_model_dir):
+    import re
+
+    from seqkv_cli import load_capture
+
+    lengths = [load_capture(c).positions for c in captures]
+    runs = {
+        "trie": ("--codec", "seq"),
+        "flat": ("--codec", "seq", "--layout", "flat"),
+        "fast": ("--codec", "seq-fast"),
+        "int8": ("--codec", "int8"),
+    }
+    for name, args in runs.items():
+        skv = tmp_path / f"{name}.skv"
+        made = invoke("compress", *captures, "-o", skv, *args, "--model", tiny_model_dir)
+        assert made.exit_code == 0, made.output
+        plain = invoke("info", skv)
+        assert plain.exit_code == 0 and "estimated" not in plain.stdout
+        result = invoke("info", skv, "--restore-time", "--model", tiny_model_dir)
+        assert result.exit_code == 0, result.output
+        line = result.stdout.split("restore on this machine (estimated): ")[1]
+        seconds = float(re.match(r"([\d,.]+) s for all 2 session", line)[1].replace(",", ""))
+        assert seconds > 0 and f"{sum(lengths):,} tokens decoded" in line
+        assert "restore s alone (est.)" in result.stdout
+        if name in ("trie", "flat"):  # no shared prefix: two rows side by side
+            assert f"{max(lengths):,} passes" in line and "with 2 rows" in line
+        elif name == "fast":
+            assert "prefill" in line and "passes" not in line
+        else:
+            assert "restored here at" in line
+    result = invoke("info", tmp_path / "trie.skv", "--restore-time", "--threads", "0")
+    assert_error(result, "--threads must be at least 1")
+
+
 def test_codecs_lists_every_codec():
     result = invoke("codecs")
     assert result.exit_code == 0

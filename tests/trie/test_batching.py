@@ -11,6 +11,7 @@ from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
+from seqkv_cli.trie.decode import planned_passes
 
 ROOT = "Shared system prompt. " * 3  # the byte-level tiny tokenizer: one token per byte
 
@@ -61,6 +62,9 @@ def test_children_start_where_they_branch_and_the_output_is_unchanged(tree, tiny
     # b joins after the root's 66th token, a2 after its 76th: 126 passes where waiting for
     # the root to end would take 96 + 60
     assert passes == [1] * 66 + [2] * 10 + [3] * 20 + [1] * 30
+    # the restore-time estimate replays this schedule on node lengths alone
+    assert planned_passes(arc.trie, [0, 1, 2]) == (126, 96 + 60 + 20)
+    assert planned_passes(arc.trie, [arc.session("a2")["index"]]) == (96, 96)
     for p in caps:
         cap = load_capture(p)
         assert same_capture(cap, restored[cap.session_id])
@@ -75,6 +79,7 @@ def test_a_full_batch_admits_waiting_nodes_as_rows_free_up(tree, tiny_lm, monkey
         passes = counted(monkeypatch)
         restored = {e["id"]: r for e, r in arc.restore_many(arc.sessions)}
     assert passes == [1] * (96 + 60 + 20)
+    assert planned_passes(arc.trie, [0, 1, 2]) == (len(passes), len(passes))
     for p in caps:
         cap = load_capture(p)
         assert same_capture(cap, restored[cap.session_id])
@@ -102,3 +107,34 @@ def test_a_child_that_ends_first_waits_for_its_parent_and_fails_with_it(tree, ti
         assert isinstance(result, SeqkvError), sid
         assert "flush check failed (simulated)" in str(result)
     assert "its prefix could not be decoded" in str(dict(got)["b"])
+
+
+def test_planned_passes_follow_a_crowded_restore(tiny_lm, tmp_path, monkeypatch):
+    """24 sessions branching at many points of a shared prompt, more nodes than rows: the
+    estimate's replay of the schedule gives the restore's own pass count."""
+    import random
+
+    rng = random.Random(5)
+    folder = tmp_path / "crowd"
+    folder.mkdir()
+    for i in range(24):
+        cut = rng.randrange(20, len(ROOT) * 2)
+        tail = "".join(rng.choice("xyz ") for _ in range(rng.randrange(5, 40)))
+        (folder / f"s{i:02d}.txt").write_text((ROOT * 2)[:cut] + tail)
+    caps = [
+        r.path
+        for r in capture(sorted(str(p) for p in folder.glob("*.txt")), model=tiny_lm, out=folder)
+    ]
+    path = tmp_path / "crowd.skv"
+    compress_captures(caps, path, codec="seq", model=tiny_lm, check=False)
+    with Archive(path, model=tiny_lm) as arc:
+        assert len(arc.trie.nodes) > 16
+        passes = counted(monkeypatch)
+        restored = {}
+        for entry, result in arc.restore_many(arc.sessions):
+            restored[entry["id"]] = result
+        planned = planned_passes(arc.trie, list(range(len(arc.sessions))))
+        assert planned == (len(passes), arc.decode_stats.tokens)
+    for p in caps:
+        cap = load_capture(p)
+        assert same_capture(cap, restored[cap.session_id])
