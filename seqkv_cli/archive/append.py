@@ -54,6 +54,12 @@ def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> 
     with locked_for_append(path, on_wait) as appender:
         reader = appender.reader
         header = reader.header
+        stage = header["pipeline"][0] if header["pipeline"] else {}
+        if "trie" not in header and isinstance(stage, dict) and stage.get("parallel", 1) != 1:
+            raise SeqkvError(
+                f"{path} codes each session as runs (seq --parallel): sessions cannot be added "
+                "to it; compress them into another file"
+            )
         if "trie" not in header:
             raise SeqkvError(
                 f"{path} keeps sessions separately (flat layout); "

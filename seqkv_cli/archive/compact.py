@@ -37,9 +37,10 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
                 (arc.needs_model),
             )
             if not capabilities(arc.codec).trie_capable:
-                raise SeqkvError(
-                    f"codec {arc.codec.codec_id} keeps the flat layout; nothing to compact"
-                )
+                what = f"codec {arc.codec.codec_id}"
+                if getattr(arc.codec, "parallel", 1) > 1:
+                    what = f"seq --parallel {arc.codec.parallel} (runs coded per session)"
+                raise SeqkvError(f"{what} keeps the flat layout; nothing to compact")
             refuse_lossy(path, arc.codec)
         lm = None
         if needs_model:

@@ -66,6 +66,16 @@ def compress_command(
             "'flat' codes each session on its own."
         ),
     ] = "auto",
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            metavar="N",
+            help="seq: code each session as N runs that restore side by side (about N times "
+            "fewer model passes; each run loses the context before it, which costs bits: "
+            "docs/BENCHMARKS.md). Sessions are then coded each on its own (flat layout).",
+        ),
+    ] = 1,
     near_dup: Annotated[
         bool,
         typer.Option(
@@ -111,6 +121,8 @@ def compress_command(
     if datasets:
         if len(datasets) != len(captures):
             raise SeqkvError("give capture files or session datasets, not both")
+        if parallel != 1:
+            raise SeqkvError("--parallel applies to capture files; datasets become trie shards")
         from seqkv_cli.runtime.numerics import resolve
         from seqkv_cli.scale.common import DatasetOptions
 
@@ -146,6 +158,10 @@ def compress_command(
         raise SeqkvError(f"--tolerance applies to {', '.join(takers)}, not {codec}")
     else:
         spec = codec
+    if parallel != 1:
+        if codec != "seq":
+            raise SeqkvError(f"--parallel applies to seq, not {codec}")
+        spec["parallel"] = parallel
     resolve_codec(spec)  # refuse an unknown id before reading any capture
     refuse_output_in_inputs(out, captures)
     total = sum(load_capture_meta(p)["positions"] for p in captures)

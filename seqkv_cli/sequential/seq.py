@@ -2,9 +2,17 @@
 
 About log2 PP bits per position; decoding steps the model once per token. K/V come back by
 canonical recomputation plus a residual (session_codec.py).
+
+With ``parallel=k`` (`compress --parallel k`) a session's tokens are coded as k runs, each
+given only its own earlier tokens (seqkv_codecs.sequential.parallel_stream): restore steps
+the runs side by side (about n / k passes) and recomputes the K/V from all the tokens in one
+prefill. Each run loses the context before it, so it costs bits; sessions are then coded
+each on its own (flat layout), as a trie's branches already decode side by side.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.sequential.session_codec import SessionCodec
@@ -18,36 +26,119 @@ class SeqCodec(SessionCodec):
     )
     steps_model = True
 
+    def __init__(self, *args, parallel: int = 1, **kwargs) -> None:
+        from seqkv_codecs.sequential.parallel_stream import MAX_CHUNKS
+
+        super().__init__(*args, **kwargs)
+        if isinstance(parallel, bool) or not isinstance(parallel, int):
+            raise SeqkvError(f"--parallel must be a whole number, got {parallel!r}")
+        if not 1 <= parallel <= MAX_CHUNKS:
+            raise SeqkvError(f"--parallel must be in 1..{MAX_CHUNKS}, got {parallel}")
+        self.parallel = parallel
+        self.trie_capable = parallel == 1  # runs are coded per session: flat layout
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        if self.parallel > 1:  # absent from files without runs: their headers are unchanged
+            config["parallel"] = self.parallel
+        return config
+
     def encode_tokens(self, tokens, adapter):
         from seqkv_codecs.sequential import encode_tokens_with_stats
+        from seqkv_codecs.sequential.parallel_stream import chunk_bounds, pack_parallel
 
-        data, stats = encode_tokens_with_stats(
-            tokens, adapter, precision_bits=self.precision_bits, chunk_size=self.chunk_size
-        )
-        return data, stats.ideal_bits
+        if self.parallel == 1:
+            data, stats = encode_tokens_with_stats(
+                tokens, adapter, precision_bits=self.precision_bits, chunk_size=self.chunk_size
+            )
+            return data, stats.ideal_bits
+        streams, ideal = [], 0.0
+        for a, b in chunk_bounds(len(tokens), self.parallel):
+            data, stats = encode_tokens_with_stats(
+                tokens[a:b], adapter, precision_bits=self.precision_bits, chunk_size=self.chunk_size
+            )
+            streams.append(data)
+            ideal += stats.ideal_bits
+        adapter.tracks.clear()  # runs saw only themselves: K/V come from the whole session
+        return pack_parallel(streams), ideal
 
     def decode_tokens_many(self, datas, adapter):
         from seqkv_cli.sequential.adapter import drafts_enabled
         from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
 
-        return decode_tokens_batch(datas, adapter, with_states=True, drafts=drafts_enabled())
+        drafts = drafts_enabled()
+        if self.parallel == 1:
+            return decode_tokens_batch(datas, adapter, with_states=True, drafts=drafts)
+        spans, runs = [], []
+        for data in datas:  # every run of every session: rows of the same passes
+            try:
+                parts = self._runs(data)
+            except SeqkvError as exc:
+                spans.append(exc)
+                continue
+            spans.append((len(runs), len(runs) + len(parts)))
+            runs += parts
+        decoded = decode_tokens_batch(runs, adapter, drafts=drafts) if runs else []
+        adapter.tracks.clear()  # the runs' states: K/V are recomputed from the whole session
+        out = []
+        for span in spans:
+            if isinstance(span, Exception):
+                out.append((span, None))
+                continue
+            pieces = decoded[span[0] : span[1]]
+            failed = next((p for p in pieces if isinstance(p, Exception)), None)
+            out.append((failed, None) if failed else (self._joined(pieces), None))
+        return out
+
+    def _runs(self, data: bytes | None) -> list[bytes]:
+        from seqkv_codecs.errors import CodecError
+        from seqkv_codecs.sequential.parallel_stream import is_parallel, parse_parallel
+
+        if not is_parallel(data):
+            raise SeqkvError(
+                f"its token stream is not in runs, though the codec has parallel={self.parallel}"
+            )
+        try:
+            return parse_parallel(data)
+        except CodecError as exc:
+            raise SeqkvError(str(exc)) from None
+
+    @staticmethod
+    def _joined(pieces: list) -> np.ndarray:
+        """The runs' tokens in order, if their lengths are the ones chunk_bounds gives."""
+        from seqkv_codecs.sequential.parallel_stream import chunk_bounds
+
+        lengths = [len(p) for p in pieces]
+        expected = [b - a for a, b in chunk_bounds(sum(lengths), len(pieces))]
+        if lengths != expected:
+            return SeqkvError(
+                f"its token runs hold {lengths} tokens, not the runs of one session ({expected})"
+            )
+        return np.concatenate(pieces)
 
     def screen_tokens(self, entry: dict, data: bytes | None, canon) -> None:
         """The stream's header must name the model's vocabulary and the session's length."""
         from seqkv_codecs.errors import CodecError
+        from seqkv_codecs.sequential.parallel_stream import chunk_bounds
         from seqkv_codecs.sequential.token_coder import read_token_stream_info
 
+        streams = [data if data is not None else b""] if self.parallel == 1 else self._runs(data)
         try:
-            info = read_token_stream_info(data if data is not None else b"")
+            infos = [read_token_stream_info(s) for s in streams]
         except CodecError as exc:
             raise SeqkvError(str(exc)) from None
-        if info.vocab_size != canon.vocab_size:
+        for info in infos:
+            if info.vocab_size != canon.vocab_size:
+                raise SeqkvError(
+                    f"its token stream was coded with a {info.vocab_size}-token vocabulary; "
+                    f"the model has {canon.vocab_size}"
+                )
+        n = sum(info.n_tokens for info in infos)
+        if n != entry["positions"] or n > canon.max_context:
             raise SeqkvError(
-                f"its token stream was coded with a {info.vocab_size}-token vocabulary; "
-                f"the model has {canon.vocab_size}"
-            )
-        if info.n_tokens != entry["positions"] or info.n_tokens > canon.max_context:
-            raise SeqkvError(
-                f"its token stream holds {info.n_tokens} tokens; the header says "
+                f"its token stream holds {n} tokens; the header says "
                 f"{entry['positions']} and the model context is {canon.max_context}"
             )
+        runs = [info.n_tokens for info in infos]
+        if len(infos) > 1 and runs != [b - a for a, b in chunk_bounds(n, len(infos))]:
+            raise SeqkvError(f"its token runs hold {runs} tokens, not the runs of one session")

@@ -19,6 +19,19 @@ from seqkv_cli.skv.result import CompressResult
 LAYOUTS = ("auto", "trie", "flat", "compact")
 
 
+def _with_default_numerics(codec: str | dict) -> str | dict:
+    """A config that names no numeric path is written on the default one: only reading keeps
+    the old meaning of a missing `numerics` (files from before it existed: legacy)."""
+    from seqkv_cli.runtime.numerics import DEFAULT
+    from seqkv_cli.sequential.registry import session_codec_class
+
+    if isinstance(codec, dict) and "numerics" not in codec:
+        cls = session_codec_class(codec.get("id"))
+        if cls is not None and cls.takes_residual:  # the recomputing codecs, which have paths
+            return {**codec, "numerics": DEFAULT}
+    return codec
+
+
 def compress_captures(
     paths: list[Path],
     out: Path,
@@ -49,11 +62,14 @@ def compress_captures(
     refuse_output_in_inputs(Path(out), [Path(p) for p in paths])  # the library path too
     if layout not in LAYOUTS:
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-    coder = resolve_codec(codec)
+    coder = resolve_codec(_with_default_numerics(codec))
     caps = capabilities(coder)
     if layout == "compact" and (coder.codec_id not in COMPACT_CODECS or len(paths) != 1):
         what = f"{len(paths)} sessions" if len(paths) != 1 else f"codec {coder.codec_id}"
         raise SeqkvError(f"--layout compact holds one seq or seq-fast session, not {what}")
+    if layout in ("trie", "compact") and not caps.trie_capable:
+        what = "--parallel runs" if getattr(coder, "parallel", 1) > 1 else coder.codec_id
+        raise SeqkvError(f"{what} code each session on its own: use --layout flat (or auto)")
     if layout != "flat" and caps.trie_capable:
         from seqkv_cli.skv.compress_trie import compress_trie
 

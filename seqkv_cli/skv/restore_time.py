@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from seqkv_cli.sequential.registry import capabilities
+from seqkv_codecs.sequential.parallel_stream import chunk_bounds
 
 CALIBRATION_REPEATS = 3  # passes timed per row count (the fastest is kept: noise only adds)
 MAX_CALIBRATION_CONTEXT = 512  # attention's share of a pass is small below this on every model
@@ -49,16 +50,28 @@ def estimate_restore(arc) -> RestoreEstimate:
         per = {e["id"]: e["positions"] * rate for e in arc.sessions}
         basis = f"prefill {1 / rate:,.0f} tokens/s here (context {context})"
         return RestoreEstimate(tokens * rate, tokens, per, basis)
-    one = _pass_seconds(canon, context, 1)
-    many = _pass_seconds(canon, context, rows) if rows > 1 else one
+    runs = getattr(arc.codec, "parallel", 1)  # seq --parallel: runs side by side, a prefill
+    run_context = max(1, context // runs)
+    one = _pass_seconds(canon, run_context, 1)
+    many = _pass_seconds(canon, run_context, rows) if rows > 1 else one
     extra = _prediction_seconds_per_token(arc, canon, context)  # delta-topk's K rows
-    per = {e["id"]: e["positions"] * (one + extra) for e in arc.sessions}
+    if runs > 1:  # each session alone: its runs as rows, then its prefill
+        extra += _prefill_seconds_per_token(canon, context)
+        alone = many if rows == runs else _pass_seconds(canon, run_context, runs)
+        per = {
+            e["id"]: chunk_bounds(e["positions"], runs)[0][1] * alone + e["positions"] * extra
+            for e in arc.sessions
+        }
+    else:
+        per = {e["id"]: e["positions"] * (one + extra) for e in arc.sessions}
     basis = f"one pass {one * 1000:,.0f} ms with 1 row"
     if rows > 1:
         basis += f", {many * 1000:,.0f} ms with {rows} rows"
     basis += (
-        f" (context {context}); {passes:,} passes, no guesses counted (they can only save passes)"
+        f" (context {run_context}); {passes:,} passes, no guesses counted (they only save passes)"
     )
+    if runs > 1:
+        basis += f"; {runs} runs a session, then its prefill ({extra * 1000:,.1f} ms a token)"
     return RestoreEstimate(passes * many + tokens * extra, tokens, per, basis)
 
 
@@ -70,10 +83,12 @@ def _passes(arc) -> tuple[int, int, int]:
         from seqkv_cli.trie.decode import planned_passes
 
         passes, tokens = planned_passes(arc.trie, list(range(len(arc.sessions))))
-    else:  # flat archives: sessions in batches, each batch as long as its longest
+    else:  # flat archives: sessions in batches, each batch as long as its longest run
+        runs = getattr(arc.codec, "parallel", 1)
         lengths = [e["positions"] for e in arc.sessions]
         batches = [lengths[i : i + SESSION_BATCH] for i in range(0, len(lengths), SESSION_BATCH)]
-        passes, tokens = sum(max(b) for b in batches), sum(lengths)
+        passes = sum(max(chunk_bounds(n, runs)[0][1] for n in b) for b in batches)
+        tokens = sum(lengths)
     return passes, tokens, max(1, round(tokens / max(passes, 1)))
 
 
