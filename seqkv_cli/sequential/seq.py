@@ -87,7 +87,10 @@ class SeqCodec(SessionCodec):
                 continue
             pieces = decoded[span[0] : span[1]]
             failed = next((p for p in pieces if isinstance(p, Exception)), None)
-            out.append((failed, None) if failed else (self._joined(pieces), None))
+            try:
+                out.append((failed, None) if failed else (self._joined(pieces), None))
+            except SeqkvError as exc:
+                out.append((exc, None))
         return out
 
     def _runs(self, data: bytes | None) -> list[bytes]:
@@ -111,7 +114,7 @@ class SeqCodec(SessionCodec):
         lengths = [len(p) for p in pieces]
         expected = [b - a for a, b in chunk_bounds(sum(lengths), len(pieces))]
         if lengths != expected:
-            return SeqkvError(
+            raise SeqkvError(
                 f"its token runs hold {lengths} tokens, not the runs of one session ({expected})"
             )
         return np.concatenate(pieces)

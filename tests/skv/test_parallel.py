@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
+from passes import counted
+from report.report_cli import error_lines, invoke
 from seqkv_cli import load_capture
-from seqkv_cli.cli import app
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.runtime.numerics import PORTABLE
-from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
 from seqkv_codecs.errors import CorruptStreamError
@@ -26,16 +25,11 @@ from seqkv_codecs.sequential.parallel_stream import (
 )
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
 
 
 def assert_error(result, fragment: str, code: int = 2) -> None:
     assert result.exit_code == code, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(result)
     assert len(errors) == 1 and fragment in errors[0], result.stderr
     assert "Traceback" not in result.output
 
@@ -110,14 +104,7 @@ def test_runs_restore_bit_for_bit_in_fewer_passes(
         assert arc.codec.get_config()["parallel"] == 4 and arc.trie is None
     with Archive(plain) as arc:
         assert "parallel" not in arc.codec.get_config()  # files without runs are unchanged
-    monkeypatch.setenv("SEQKV_DRAFTS", "off")
-    passes: list[int] = []
-    real = CanonicalLogits.feed_rows
-    monkeypatch.setattr(
-        CanonicalLogits,
-        "feed_rows",
-        lambda self, t, ids: passes.append(len(t)) or real(self, t, ids),
-    )
+    passes = counted(monkeypatch)
     with Archive(runs4, model=tiny_lm) as arc:
         restored = {e["id"]: r for e, r in arc.restore_many(arc.sessions)}
     # every run of both sessions is a row of the same passes: the longest run's length - 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from passes import counted
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
 from seqkv_cli.trie.decode import planned_passes
@@ -38,20 +38,6 @@ def tree(tiny_lm, tmp_path_factory):
         shape = [(n.parent, n.attach, n.n_tokens) for n in arc.trie.nodes]
     assert sorted(shape) == [(-1, 0, 96), (0, 66, 60), (0, 76, 20)]  # the tree meant here
     return path, caps
-
-
-def counted(monkeypatch) -> list[int]:
-    """Rows of every canonical model pass, in order (guessed tokens off: the schedule is
-    what these tests check; tests/trie/test_drafts.py checks passes with guesses)."""
-    monkeypatch.setenv("SEQKV_DRAFTS", "off")
-    passes: list[int] = []
-    real = CanonicalLogits.feed_rows
-    monkeypatch.setattr(
-        CanonicalLogits,
-        "feed_rows",
-        lambda self, tracks, ids: passes.append(len(tracks)) or real(self, tracks, ids),
-    )
-    return passes
 
 
 def test_children_start_where_they_branch_and_the_output_is_unchanged(tree, tiny_lm, monkeypatch):
