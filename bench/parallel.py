@@ -9,6 +9,7 @@ capture bit for bit (tokens, surprisal, every K/V tensor) or the bench stops. A 
 transformers DynamicCache step loop over the same tokens is timed for scale.
 
     python bench/parallel.py --json bench/results/parallel.json
+    python bench/parallel.py --bits-only --json bench/results/parallel-bits.json  # no restores
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def measure(lm, name: str, args, folder: Path) -> dict:
             }
         )
         print(name, row["bits"][-1], flush=True)
+    if args.bits_only:
+        return row
     short = cap.positions if args.speed_tokens >= cap.positions else args.speed_tokens
     [res] = capture(
         [str(SAMPLE / CASES[name])],
@@ -126,6 +129,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--speed-tokens", type=int, default=512, help="tokens restored")
     parser.add_argument("--speed-runs", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--bits-only", action="store_true", help="the bits table alone")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--append", type=Path)
     args = parser.parse_args()
@@ -160,6 +164,8 @@ def markdown(result: dict) -> str:
                 f"| {b['token_bytes']:,} B | {b['bits_per_position']:.3f} "
                 f"| {b['vs_one_run']:.3f}x |"
             )
+    if not all("speed" in r for r in result["rows"]):
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "| case | tokens restored | runs | file | seconds | tokens/s | speed-up | "

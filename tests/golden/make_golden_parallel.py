@@ -1,8 +1,10 @@
-"""Write the golden chunk-parallel `seq` file (`compress --parallel 3`, token runs `SKPS` v1) ONCE.
+"""Write a golden chunk-parallel `seq` file (`compress --parallel 3`) ONCE per SKPS version.
 
 It holds sessions `a` and `b` of seq-portable-v1/ (their captures and the tiny model of
-seq-v1/), each coded as 3 runs on portable-fx53-v1, flat layout. Never re-run this to make a
-failing golden test pass. Usage: python tests/golden/make_golden_parallel.py OUT_DIR
+seq-v1/), each coded as 3 runs on portable-fx53-v1, flat layout, in the token-run framing
+this seqkv writes: parallel-v1/ was written with SKPS version 1, parallel-v2/ with version 2
+(one shared header). Never re-run this into an existing folder to make a failing golden test
+pass. Usage: python tests/golden/make_golden_parallel.py OUT_DIR
 """
 
 from __future__ import annotations

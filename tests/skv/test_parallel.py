@@ -23,6 +23,7 @@ from seqkv_codecs.sequential.parallel_stream import (
     pack_parallel,
     parse_parallel,
 )
+from seqkv_codecs.sequential.token_coder import assemble_token_stream
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -56,32 +57,70 @@ def test_chunk_bounds_cover_the_session_in_balanced_runs():
             assert sizes == sorted(sizes, reverse=True) and max(sizes) - min(sizes) <= 1
 
 
+def pack_v1(streams: list[bytes]) -> bytes:
+    """SKPS version 1 framing (still read): magic, 1, 0, k, k x u32 lengths, the streams."""
+    head = b"SKPS" + bytes([1, 0]) + len(streams).to_bytes(2, "little")
+    return head + b"".join(len(s).to_bytes(4, "little") for s in streams) + b"".join(streams)
+
+
+def fake_runs(n: int, k: int, chunk: int = 2, vocab: int = 300) -> list[bytes]:
+    """Token streams of the runs of an n-token session (payloads are arbitrary bytes:
+    the framing never reads them)."""
+    runs = []
+    for j, (a, b) in enumerate(chunk_bounds(n, k)):
+        parts = [(bytes([j + 1]) * (1 + c % 3), 1000 * j + c) for c in range(a, b, chunk)]
+        runs.append(assemble_token_stream(24, vocab, b - a, chunk, parts))
+    return runs
+
+
 def test_run_framing_round_trips_and_refuses_every_inconsistency():
-    streams = [b"abc", b"de", b"f" * 70]
+    streams = fake_runs(11, 3)  # runs of 4, 4 and 3 tokens: 2, 2 and 2 chunks
     data = pack_parallel(streams)
-    assert parse_parallel(data) == streams
+    assert data[4] == 2 and parse_parallel(data) == streams  # the v1 streams, byte for byte
+    assert len(data) < len(pack_v1(streams)) - 3 * 20  # one header instead of one per run
+    assert parse_parallel(pack_v1(streams)) == streams  # version 1 is still read
     for cut in range(len(data)):  # every truncation
         with pytest.raises(CorruptStreamError):
             parse_parallel(data[:cut])
     with pytest.raises(CorruptStreamError, match="do not match"):
         parse_parallel(data + b"x")
+    header_end = 20 + 6 * (1 + 4) + 4  # shared fields, 6 chunks (varint + CRC), header CRC
+    for i in range(4, header_end):  # any flipped bit of the header, its table or its CRC
+        bad = bytearray(data)
+        bad[i] ^= 0x10
+        with pytest.raises(CorruptStreamError):
+            parse_parallel(bytes(bad))
     hostile = {
         "magic": b"SKPX" + data[4:],
-        "version": data[:4] + b"\x02" + data[5:],
-        "reserved": data[:5] + b"\x01" + data[6:],
+        "version": data[:4] + b"\x03" + data[5:],
         "no runs": data[:6] + b"\x00\x00" + data[8:],
         "too many runs": data[:6] + (MAX_CHUNKS + 1).to_bytes(2, "little") + data[8:],
-        "an empty run": pack_parallel([b"abc", b"", b"x"]),
-        "lengths past the end": data[:8] + (99).to_bytes(4, "little") + data[12:],
+        "v1 reserved": pack_v1(streams)[:5] + b"\x01" + pack_v1(streams)[6:],
+        "v1 empty run": pack_v1([streams[0], b"", streams[1]]),
+        "v1 lengths past the end": pack_v1(streams)[:8] + (999).to_bytes(4, "little"),
     }
     for name, bad in hostile.items():
         with pytest.raises(CorruptStreamError):
             parse_parallel(bad)
         assert name
-    with pytest.raises(CorruptStreamError, match="version 2 is not supported"):
+    with pytest.raises(CorruptStreamError, match="version 3 is not supported"):
         parse_parallel(hostile["version"])
     with pytest.raises(ValueError):
         pack_parallel([])
+    with pytest.raises(ValueError, match="not the runs of one session"):
+        pack_parallel([streams[2], streams[0], streams[1]])  # 3, 4, 4 tokens
+    with pytest.raises(ValueError, match="different settings"):
+        pack_parallel([fake_runs(4, 2)[0], fake_runs(4, 2, vocab=301)[1]])
+
+
+def test_shared_framing_rejects_more_runs_than_tokens():
+    import struct
+    import zlib
+
+    head = b"SKPS" + bytes([2, 24]) + (3).to_bytes(2, "little") + struct.pack("<III", 300, 2, 2)
+    data = head + zlib.crc32(head).to_bytes(4, "little")  # 3 runs of a 2-token session
+    with pytest.raises(CorruptStreamError, match="header is invalid"):
+        parse_parallel(data)
 
 
 def test_runs_restore_bit_for_bit_in_fewer_passes(
@@ -183,9 +222,10 @@ def test_forged_runs_fail_their_session_alone(captures, tiny_lm, tmp_path):
     _, plain_sections = take_apart(plain)
     plain_stream = next(v for n, v in plain_sections.items() if n.endswith("tokens.seq"))
     forged = {
-        "runs swapped": (pack_parallel(runs[::-1]), "token runs hold"),
+        # version 1 framing (still read) can hold any runs: the restore checks them
+        "runs swapped": (pack_v1(runs[::-1]), "token runs hold"),
         "no runs": (plain_stream, "not in runs"),
-        "a third run": (pack_parallel([*runs, runs[-1]]), "token stream holds"),
+        "a third run": (pack_v1([*runs, runs[-1]]), "token stream holds"),
     }
     for what, (data, fragment) in forged.items():
         bad = tmp_path / f"{what}.skv"
@@ -202,13 +242,19 @@ def test_forged_runs_fail_their_session_alone(captures, tiny_lm, tmp_path):
         assert same_capture(cap, got[other]), what
 
 
-def test_golden_parallel_file_restores_its_captures():
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_parallel_files_restore_their_captures(version):
     import hashlib
 
-    folder = GOLDEN / "parallel-v1"
+    from forge import take_apart
+
+    folder = GOLDEN / f"parallel-v{version}"
     expected = json.loads((folder / "expected.json").read_text())
     golden = folder / "seq-parallel3.skv"
     assert hashlib.sha256(golden.read_bytes()).hexdigest() == expected["sha256"]
+    _, sections = take_apart(golden)
+    streams = [v for n, v in sections.items() if n.endswith("tokens.seq")]
+    assert len(streams) == 2 and all(s[:5] == b"SKPS" + bytes([version]) for s in streams)
     with Archive(golden, model=str(GOLDEN / "seq-v1" / "model")) as arc:
         assert arc.codec.get_config()["parallel"] == 3
         restored = {e["id"]: arc.restore(e) for e in arc.sessions}

@@ -7,22 +7,35 @@ each run is coded given only its own earlier tokens (its first token uniformly, 
 stream's), so the context before the run is lost to the model; the K/V of the whole session
 are recomputed afterwards from all the tokens, so what restores is the same.
 
-Layout (little-endian): magic ``b"SKPS"``, u8 version (1), u8 reserved (0), u16 k
-(1..MAX_CHUNKS), k x u32 byte lengths, then the k token streams (token_coder.py) back to
-back, with nothing after them. Run j holds tokens [a_j, b_j) of ``chunk_bounds(n, k)``.
+Version 2 (written): the runs share one header, since they share everything but their
+tokens. Magic ``b"SKPS"``, u8 version (2), u8 P, u16 k, u32 V, u32 N (the session's tokens),
+u32 C (tokens per range-coded chunk), then for every chunk of every run in order (run j holds
+tokens [a_j, b_j) of ``chunk_bounds(N, k)``, cut into chunks of C) a varint payload length and
+a u32 CRC32 of the chunk's token ids, then a u32 CRC32 of everything before it, then the
+payloads back to back. Parsing expands it into the k token streams (token_coder.py) that the
+encoder made, byte for byte, so the decoder is the one every `seq` stream uses; the framing
+costs ~5 bytes a chunk instead of a stream header (~36 bytes) per run.
+
+Version 1 (read only): u8 version (1), u8 reserved (0), u16 k, k x u32 byte lengths, then the
+k token streams back to back, with nothing after them.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.sequential.token_coder import assemble_token_stream, parse_token_stream
+from seqkv_codecs.varint import decode_varint, encode_varint
 
 MAGIC = b"SKPS"
-VERSION = 1
+VERSION = 2  # written; 1 is still read
 MAX_CHUNKS = 256
-_HEAD = struct.Struct("<4sBBH")
+_HEAD = struct.Struct("<4sBBH")  # magic, version, (v1: reserved | v2: P), k
+_SHARED = struct.Struct("<III")  # v2: V, N, C
 _LEN = struct.Struct("<I")
+_MAX_CHUNK_BYTES = 1 << 32
 
 
 def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
@@ -39,10 +52,28 @@ def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def pack_parallel(streams: list[bytes]) -> bytes:
+    """The runs' token streams under one shared header (version 2); they must agree on the
+    vocabulary, precision and chunk size, and hold the runs of one session in order."""
     if not 1 <= len(streams) <= MAX_CHUNKS:
         raise ValueError(f"a parallel stream holds 1..{MAX_CHUNKS} runs, not {len(streams)}")
-    head = _HEAD.pack(MAGIC, VERSION, 0, len(streams))
-    return head + b"".join(_LEN.pack(len(s)) for s in streams) + b"".join(streams)
+    parsed = [parse_token_stream(s) for s in streams]
+    shared = {(i.precision_bits, i.vocab_size, i.chunk_size) for i, _ in parsed}
+    if len(shared) != 1:
+        raise ValueError(f"the runs were coded with different settings: {sorted(shared)}")
+    ((precision, vocab, size),) = shared
+    lengths = [info.n_tokens for info, _ in parsed]
+    n = sum(lengths)
+    if lengths != [b - a for a, b in chunk_bounds(n, len(streams))]:
+        raise ValueError(f"runs of {lengths} tokens are not the runs of one session")
+    head = _HEAD.pack(MAGIC, VERSION, precision, len(streams)) + _SHARED.pack(vocab, n, size)
+    table = b"".join(
+        encode_varint(len(payload)) + _LEN.pack(crc)
+        for _, chunks in parsed
+        for _, _, payload, crc in chunks
+    )
+    head += table
+    head += _LEN.pack(zlib.crc32(head))
+    return head + b"".join(payload for _, chunks in parsed for _, _, payload, _ in chunks)
 
 
 def is_parallel(data: bytes | None) -> bool:
@@ -54,15 +85,19 @@ def parse_parallel(data: bytes) -> list[bytes]:
     buf = bytes(data)
     if len(buf) < _HEAD.size:
         raise CorruptStreamError(f"parallel token stream is truncated: {len(buf)} bytes")
-    magic, version, reserved, k = _HEAD.unpack_from(buf)
+    magic, version, third, k = _HEAD.unpack_from(buf)
     if magic != MAGIC:
         raise CorruptStreamError(f"not a parallel token stream: magic {magic!r}")
-    if version != VERSION:
+    if version not in (1, 2):
         raise CorruptStreamError(
-            f"parallel token stream version {version} is not supported (only {VERSION})"
+            f"parallel token stream version {version} is not supported (only 1 and 2)"
         )
-    if reserved or not 1 <= k <= MAX_CHUNKS:
+    if not 1 <= k <= MAX_CHUNKS or (version == 1 and third):
         raise CorruptStreamError(f"parallel token stream header is invalid ({k} runs)")
+    return _parse_v1(buf, k) if version == 1 else _parse_v2(buf, third, k)
+
+
+def _parse_v1(buf: bytes, k: int) -> list[bytes]:
     table_end = _HEAD.size + k * _LEN.size
     if len(buf) < table_end:
         raise CorruptStreamError("parallel token stream is truncated inside its length table")
@@ -76,4 +111,46 @@ def parse_parallel(data: bytes) -> list[bytes]:
     for n in lengths:
         out.append(buf[offset : offset + n])
         offset += n
+    return out
+
+
+def _parse_v2(buf: bytes, precision: int, k: int) -> list[bytes]:
+    if len(buf) < _HEAD.size + _SHARED.size:
+        raise CorruptStreamError("parallel token stream is truncated inside its header")
+    vocab, n, size = _SHARED.unpack_from(buf, _HEAD.size)
+    runs_of_n = max(1, min(k, n))  # chunk_bounds' count: fewer tokens than runs is corrupt
+    if size == 0 or not 1 <= vocab < 1 << precision <= 1 << 31 or runs_of_n != k:
+        raise CorruptStreamError(
+            f"parallel token stream header is invalid (P={precision}, V={vocab}, N={n}, "
+            f"C={size}, {k} runs)"
+        )
+    runs = chunk_bounds(n, k)
+    pos, table = _HEAD.size + _SHARED.size, []
+    for a, b in runs:
+        chunks = []
+        for first in range(a, b, size):
+            length, pos = decode_varint(buf, pos, max_bytes=5)
+            if pos + _LEN.size > len(buf):
+                raise CorruptStreamError("parallel token stream is truncated inside its table")
+            if not 0 < length < _MAX_CHUNK_BYTES:
+                raise CorruptStreamError(f"parallel token stream names a {length}-byte chunk")
+            chunks.append((length, _LEN.unpack_from(buf, pos)[0], min(b, first + size) - first))
+            pos += _LEN.size
+        table.append(chunks)
+    if pos + _LEN.size > len(buf) or zlib.crc32(buf[:pos]) != _LEN.unpack_from(buf, pos)[0]:
+        raise CorruptStreamError("parallel token stream header failed its CRC: it is damaged")
+    offset = pos + _LEN.size
+    total = sum(length for chunks in table for length, _, _ in chunks)
+    if offset + total != len(buf):
+        raise CorruptStreamError(
+            f"parallel token stream's chunks ({total} bytes) do not match its "
+            f"{len(buf) - offset} bytes of payload"
+        )
+    out = []
+    for (a, b), chunks in zip(runs, table, strict=True):
+        parts = []
+        for length, crc, _ in chunks:
+            parts.append((buf[offset : offset + length], crc))
+            offset += length
+        out.append(assemble_token_stream(precision, vocab, b - a, size, parts))
     return out

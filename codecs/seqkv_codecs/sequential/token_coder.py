@@ -133,27 +133,35 @@ def encode_tokens_with_stats(
     uniform_row(vocab, precision_bits)  # validates P against V even when there are no tokens
     ids = _check_tokens(tokens, vocab)
     low, freq = _intervals(ids, model, precision_bits, feed_chunk)
-    entries, payloads = [], []
+    chunks = []
     for a in range(0, len(ids), chunk_size):
         enc = RangeEncoder()
         span = slice(a, a + chunk_size)
         for c, f in zip(low[span].tolist(), freq[span].tolist(), strict=True):
             enc.encode(c, f, precision_bits)
-        payloads.append(enc.finish())
-        entries.append(_ENTRY.pack(len(payloads[-1]), token_crc(ids[span])))
-    head = _HEAD.pack(
-        MAGIC, VERSION, precision_bits, FIRST_TOKEN_UNIFORM, 0, vocab, len(ids), chunk_size
-    )
-    head += b"".join(entries)
-    head += _CRC.pack(zlib.crc32(head))
-    payload = b"".join(payloads)
+        chunks.append((enc.finish(), token_crc(ids[span])))
+    data = assemble_token_stream(precision_bits, vocab, len(ids), chunk_size, chunks)
+    payload_bytes = sum(len(p) for p, _ in chunks)
     stats = TokenStats(
         position_bits=precision_bits - np.log2(freq.astype(np.float64)),
-        n_chunks=len(payloads),
-        payload_bytes=len(payload),
-        overhead_bytes=len(head),
+        n_chunks=len(chunks),
+        payload_bytes=payload_bytes,
+        overhead_bytes=len(data) - payload_bytes,
     )
-    return head + payload, stats
+    return data, stats
+
+
+def assemble_token_stream(
+    precision_bits: int, vocab: int, n_tokens: int, chunk_size: int, chunks: list[tuple[bytes, int]]
+) -> bytes:
+    """The stream's bytes from its header fields and (payload, CRC32 of the ids) per chunk:
+    what the encoder writes, and what a reframed stream (parallel_stream.py) expands back to."""
+    head = _HEAD.pack(
+        MAGIC, VERSION, precision_bits, FIRST_TOKEN_UNIFORM, 0, vocab, n_tokens, chunk_size
+    )
+    head += b"".join(_ENTRY.pack(len(payload), crc) for payload, crc in chunks)
+    head += _CRC.pack(zlib.crc32(head))
+    return head + b"".join(payload for payload, _ in chunks)
 
 
 def encode_tokens(
