@@ -10,6 +10,8 @@
 3. Canonical forward on the device: is a row of a row-block-padded product independent of
    the other rows (the CPU canary, on device), and do device logits equal CPU logits?
 4. Token coder tokens/s with >= 64 sessions decoded in lockstep on the device.
+5. Whole `.skv` files (bench/gpu_files.py): the `seqkv` command with --device cpu and cuda on
+   1, 8 and 64 sessions — byte-identical files, cross-device restores, decode tokens/s.
 Writes gpu_check.md and gpu_check.json to --out.
 """
 
@@ -27,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from bench.common import write_atomic
+from bench.gpu_files import whole_files
 from bench.gpu_report import markdown
 from bench.gpu_tokens import SMOLLM2, TINY, DeviceRows, token_coder
 
@@ -160,6 +163,7 @@ def main() -> None:
     shape = TINY if dry else SMOLLM2
     mb = args.kv_mb or (2.0 if dry else 256.0)
     sessions, tokens = args.sessions or (4 if dry else 64), args.tokens or (8 if dry else 128)
+    chars = 60 if dry else 400  # characters per session of the whole-file step (byte tokens)
     report = {
         "mode": "cpu dry run" if dry else "gpu",
         "torch": torch.__version__,
@@ -172,6 +176,7 @@ def main() -> None:
         ("tables", lambda: tables(DeviceRows(shape, "cpu"), device, 16 if dry else 256)),
         ("canonical", lambda: canonical_on_device(shape, device, 16 if dry else 256)),
         ("token_coder", lambda: token_coder(shape, device, sessions, tokens)),
+        ("files", lambda: whole_files(device, shape, (1, 2) if dry else (1, 8, 64), chars)),
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     for name, step in steps:

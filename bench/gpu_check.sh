@@ -10,6 +10,10 @@
 #   OUT_DIR defaults to $OUT (the device runner's output folder), else bench/results/gpu.
 #   --cpu-dry-run runs the same code on CPU at tiny sizes (to show it does not crash).
 # Writes OUT_DIR/gpu_check.md and OUT_DIR/gpu_check.json. Needs: python >= 3.11, torch, numpy.
+# The whole-file step (bench/gpu_files.py: `python -m seqkv_cli ... --device cpu|cuda`) also
+# needs seqkv's runtime packages; it reports "skipped" naming any that are missing. On the
+# H200 image google-crc32c is not installed (as last listed): carry it as a wheel
+# (`.whl`, see /work/.library/device/README.md) and install it with --target first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

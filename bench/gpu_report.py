@@ -66,5 +66,9 @@ def markdown(r: dict) -> str:
             f"| ceiling with tables on the device (forward + tables only) "
             f"| {k['ceiling_tokens_per_s']:,.1f} tok/s |",
         ]
+    if r.get("files"):
+        from bench.gpu_files import markdown as files_markdown
+
+        lines += files_markdown(r["files"])
     seconds = ", ".join(f"{k[:-8]} {v:.0f} s" for k, v in r.items() if k.endswith("_seconds"))
     return "\n".join([*lines, "", f"Time per step: {seconds}.", ""])

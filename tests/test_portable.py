@@ -128,11 +128,12 @@ def test_unvetted_ops_and_modules_are_refused_naming_them():
 def test_canary_refuses_a_machine_that_computes_other_bits(monkeypatch):
     import seqkv_cli.runtime.portable.model as portable_model
 
-    monkeypatch.setattr(portable_model, "_canary_ok", None)
+    monkeypatch.setattr(portable_model, "_canary_ok", {})
     monkeypatch.setattr(exact, "exp", lambda x: torch.exp(x))  # a libm exp: other last bits
     with pytest.raises(SeqkvError, match="canary failed"):
         portable_model.run_canary()
-    monkeypatch.setattr(portable_model, "_canary_ok", None)
+    assert portable_model._canary_ok == {"cpu": False}  # remembered per device
+    monkeypatch.setattr(portable_model, "_canary_ok", {})
 
 
 def test_primitives_are_accurate():

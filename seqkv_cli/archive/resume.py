@@ -20,11 +20,14 @@ def continue_from(lm, capture, prompt: str, max_new_tokens: int) -> list[int]:
     if len(prompt_ids) == 0:
         # generate() needs at least one uncached token: re-feed the session's last one.
         capture = _drop_last(capture)
-    cache = to_dynamic_cache(capture, dtype=torch.float32)
+    from seqkv_cli.runtime.devices import model_device
+
+    on = model_device(lm.model)
+    cache = to_dynamic_cache(capture, dtype=torch.float32, device=on)
     with torch.no_grad():
         out = lm.model.generate(
-            ids[None],
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            ids[None].to(on),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=on),
             cache=cache,
             max_new_tokens=max_new_tokens,
             do_sample=False,

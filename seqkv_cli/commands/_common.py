@@ -35,11 +35,16 @@ def handle_errors(func):
     def wrapper(*args, **kwargs):
         quiet_libraries()
         try:
-            if "threads" in kwargs:  # every model-running command takes --threads
+            if "threads" in kwargs:  # every model-running command takes --threads and --device
                 from seqkv_cli.runtime.threads import use_threads
 
                 use_threads(kwargs["threads"])
-            return func(*args, **kwargs)
+            if "device" not in kwargs:
+                return func(*args, **kwargs)
+            from seqkv_cli.runtime.devices import using
+
+            with using(kwargs["device"]):  # for this command only (tests run many in-process)
+                return func(*args, **kwargs)
         except (SeqkvError, CodecError) as exc:
             err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None

@@ -15,7 +15,13 @@ from seqkv_cli.commands._common import (
     human_bytes,
     shown,
 )
-from seqkv_cli.commands.capture import ModelOption, ThreadsOption, restore_bar, token_progress
+from seqkv_cli.commands.capture import (
+    DeviceOption,
+    ModelOption,
+    ThreadsOption,
+    restore_bar,
+    token_progress,
+)
 from seqkv_cli.errors import SeqkvError
 
 archive_app = typer.Typer(
@@ -39,6 +45,7 @@ def add_command(
     captures: Annotated[list[Path], typer.Argument(help="Capture files to append.")],
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Append sessions; only tokens no earlier session has at the same prefix are coded."""
     from seqkv_cli.archive.append import add_captures
@@ -107,6 +114,7 @@ def extract_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Capture file to write.")],
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Restore one session (only the nodes on its path are decoded) as a capture file."""
     from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
@@ -139,6 +147,7 @@ def compact_command(
     archive: ArchiveArg,
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
     near_dup: Annotated[
         bool, typer.Option("--near-dup", help="Store near-duplicate sessions as edits.")
     ] = False,
@@ -163,6 +172,7 @@ def resume_command(
     max_new_tokens: Annotated[int, typer.Option(min=1, max=4096)] = 64,
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Restore a session into a transformers cache and continue it greedily."""
     from seqkv_cli.archive.resume import continue_from

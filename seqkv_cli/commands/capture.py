@@ -39,6 +39,15 @@ ThreadsOption = Annotated[
         "processes). The portable path gives the same bits with any N.",
     ),
 ]
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        metavar="auto|cpu|cuda[:N]",
+        help="Where the model runs: auto (a CUDA GPU when there is one), cpu or cuda. The "
+        "portable path writes and reads the same bytes on either.",
+    ),
+]
 NumericsOption = Annotated[
     str,
     typer.Option(
@@ -95,6 +104,7 @@ def capture_command(
     ] = Path("captures"),
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
     dtype: Annotated[str, typer.Option(help="K/V dtype to store: bf16, fp16 or fp32.")] = "bf16",
     canonical: Annotated[
         bool,

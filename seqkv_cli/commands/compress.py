@@ -10,6 +10,7 @@ from rich.table import Table
 
 from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes, shown
 from seqkv_cli.commands.capture import (
+    DeviceOption,
     ModelOption,
     NumericsOption,
     ThreadsOption,
@@ -40,6 +41,7 @@ def compress_command(
     codec: Annotated[str, typer.Option(help="Codec id; `seqkv codecs` lists them.")] = "seq",
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
     residual: Annotated[
         str,
         typer.Option(
@@ -240,6 +242,7 @@ def decompress_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for capture files.")],
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
     session: Annotated[
         list[str] | None, typer.Option("--session", help="Only this session id (repeatable).")
     ] = None,

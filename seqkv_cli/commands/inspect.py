@@ -10,7 +10,13 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import ModelOption, ThreadsOption, restore_bar, token_progress
+from seqkv_cli.commands.capture import (
+    DeviceOption,
+    ModelOption,
+    ThreadsOption,
+    restore_bar,
+    token_progress,
+)
 from seqkv_cli.errors import SeqkvError
 
 
@@ -27,6 +33,7 @@ def info_command(
     ] = False,
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Header, sessions, sizes per part and bits per position of a container."""
     from seqkv_cli.skv.accounting import account
@@ -121,6 +128,7 @@ def verify_command(
     per_layer: Annotated[bool, typer.Option(help="Show every layer's errors.")] = False,
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Check every checksum and decode every block; with --against, measure fidelity."""
     from seqkv_cli.kvcapture.capture_file import load_capture

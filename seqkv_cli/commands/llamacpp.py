@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, say, shown
-from seqkv_cli.commands.capture import ModelOption, ThreadsOption
+from seqkv_cli.commands.capture import DeviceOption, ModelOption, ThreadsOption
 
 import_app = typer.Typer(
     help="Bring caches saved by other tools into an archive.", no_args_is_help=True
@@ -58,6 +58,7 @@ def import_llama_state(
         ),
     ] = False,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Archive llama.cpp saved states (one session each, named after its file; shared
     prefixes such as a system prompt are stored once)."""
@@ -113,6 +114,7 @@ def export_llama_state(
         ),
     ] = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Write an archived session as a state file llama.cpp loads."""
     from seqkv_cli.llamacpp.transfer import export_state

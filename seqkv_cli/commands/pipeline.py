@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, say, shown
-from seqkv_cli.commands.capture import ModelOption, ThreadsOption, token_progress
+from seqkv_cli.commands.capture import DeviceOption, ModelOption, ThreadsOption, token_progress
 from seqkv_cli.errors import SeqkvError
 
 
@@ -19,6 +19,7 @@ def pipeline_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = Path("runs/latest"),
     model: ModelOption = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
     dtype: Annotated[str, typer.Option(help="K/V dtype: bf16, fp16 or fp32.")] = "bf16",
     baseline: Annotated[
         str, typer.Option(help="Per-vector codec to compare with (`seqkv codecs`).")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from seqkv_cli.commands._common import console, handle_errors, say
-from seqkv_cli.commands.capture import ThreadsOption
+from seqkv_cli.commands.capture import DeviceOption, ThreadsOption
 from seqkv_cli.errors import SeqkvError
 
 
@@ -35,6 +35,7 @@ def report_command(
         ),
     ] = None,
     threads: ThreadsOption = None,
+    device: DeviceOption = "auto",
     verify: Annotated[
         bool,
         typer.Option(help="Decode every row and compare it with its capture (slow for seq)."),

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 
 import torch
 
+from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
 from seqkv_cli.runtime.surprisal import surprisal_bits
@@ -107,8 +107,8 @@ def _transformers(lm, ids, on_progress):
         parts.append(surprisal_bits(logits[0, : len(nxt)].float(), nxt))
         if on_progress:
             on_progress(len(chunk))
-    keys = [layer.keys[0].clone() for layer in cache.layers]
-    values = [layer.values[0].clone() for layer in cache.layers]
+    keys = [layer.keys[0].cpu().clone() for layer in cache.layers]
+    values = [layer.values[0].cpu().clone() for layer in cache.layers]
     return keys, values, torch.cat(parts), HF_NUMERIC_PATH
 
 
@@ -133,5 +133,5 @@ def provenance(lm, *, dtype: str, numeric_path: str, positions: int) -> dict:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
         },
-        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": created_utc(),
     }

@@ -63,7 +63,7 @@ class Continuation:
     def _greedy(self, cap) -> torch.Tensor:
         from seqkv_cli.runtime.hfcompat import forward_with_cache
 
-        cache = _cache(cap, len(self.ids) - 1)
+        cache = _cache(cap, len(self.ids) - 1, self.lm.model)
         nxt, out = self.ids[-1:], []
         for _ in range(self.n):
             logits, cache = forward_with_cache(self.lm.model, nxt[None], cache)
@@ -76,15 +76,23 @@ class Continuation:
         """fp32 logits (len(inputs), vocab) of `inputs` after the cache of positions < upto."""
         from seqkv_cli.runtime.hfcompat import forward_with_cache
 
-        logits, _ = forward_with_cache(self.lm.model, inputs[None], _cache(cap, upto))
+        logits, _ = forward_with_cache(
+            self.lm.model, inputs[None], _cache(cap, upto, self.lm.model)
+        )
         return logits[0].float()
 
 
-def _cache(cap, upto: int):
-    """A DynamicCache of the first `upto` positions of a capture (fp32, batch 1)."""
+def _cache(cap, upto: int, model):
+    """A DynamicCache of the first `upto` positions of a capture (fp32, batch 1), on the
+    model's device."""
     from transformers import DynamicCache
 
+    from seqkv_cli.runtime.devices import model_device
+
+    on = model_device(model)
     cache = DynamicCache()
     for i, (k, v) in enumerate(zip(cap.keys, cap.values, strict=True)):
-        cache.update(k[None, :, :upto].float(), v[None, :, :upto].float(), i)
+        cache.update(
+            k[None, :, :upto].to(on, torch.float32), v[None, :, :upto].to(on, torch.float32), i
+        )
     return cache

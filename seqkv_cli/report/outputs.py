@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.report.aggregate import by_codec
 from seqkv_cli.report.collect import Report
@@ -69,7 +69,7 @@ def document(report: Report, limits: Thresholds, failures: list[Failure]) -> dic
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "seqkv_version": __version__,
-        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": created_utc(),
         "options": {
             "codecs": opts.codecs,
             "verify": opts.verify,

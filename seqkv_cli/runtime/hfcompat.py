@@ -13,7 +13,11 @@ def cache_kwarg(forward) -> str:
 
 
 def forward_with_cache(model, input_ids, cache):
-    """One forward of `input_ids` (batch, n) continuing `cache`; returns (logits, cache)."""
-    out = model(input_ids, use_cache=True, **{cache_kwarg(type(model).forward): cache})
+    """One forward of `input_ids` (batch, n) continuing `cache` (on the model's device);
+    returns (logits on the CPU, cache)."""
+    from seqkv_cli.runtime.devices import model_device
+
+    ids = input_ids.to(model_device(model))
+    out = model(ids, use_cache=True, **{cache_kwarg(type(model).forward): cache})
     new_cache = getattr(out, "cache", None)
-    return out.logits, new_cache if new_cache is not None else out.past_key_values
+    return out.logits.cpu(), new_cache if new_cache is not None else out.past_key_values

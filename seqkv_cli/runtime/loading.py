@@ -73,7 +73,16 @@ class LoadedModel:
 
 
 def load_model(spec: str | None = None, *, progress=None) -> LoadedModel:
-    """Load the embedded default (spec None), a local folder, a .gguf file or a hub id."""
+    """Load the embedded default (spec None), a local folder, a .gguf file or a hub id, on
+    the device the command selected (`runtime.devices`; the CPU unless a command said)."""
+    from seqkv_cli.runtime.devices import place
+
+    lm = _load(spec, progress)
+    place(lm.model)  # after fingerprinting: the weights were hashed on the CPU
+    return lm
+
+
+def _load(spec: str | None, progress) -> LoadedModel:
     if not spec:
         from seqkv_cli.runtime.embedded import EMBEDDED_NAME, embedded_model_path
 

@@ -61,6 +61,14 @@ def build_canonical(hf_model, path: str = DEFAULT):
 
         return PortableLM(hf_model)
     from seqkv_cli.runtime.canonical import CanonicalLM, check_row_invariance
+    from seqkv_cli.runtime.devices import model_device
+
+    where = model_device(hf_model)
+    if where.type != "cpu":
+        raise SeqkvError(
+            f"the {LEGACY} path is defined by this machine class's CPU kernels and cannot run "
+            f"on {where}; use --device cpu for files written on it"
+        )
 
     if not check_row_invariance():
         raise SeqkvError(

@@ -112,12 +112,16 @@ class CompressShard:
     """Ray actor: holds the model; one call gets one shard's rows and returns its file bytes
     (None when the shard is already complete on disk) and its manifest rows."""
 
-    def __init__(self, model_spec, root: str, options: dict, threads: int) -> None:
+    def __init__(
+        self, model_spec, root: str, options: dict, threads: int, device: str = "cpu"
+    ) -> None:
         import torch
 
+        from seqkv_cli.runtime.devices import use_device
         from seqkv_cli.runtime.loading import load_model
 
         torch.set_num_threads(max(1, threads))
+        use_device(device)  # "auto": the GPU Ray assigned (--gpus-per-worker), else the CPU
         self.lm = load_model(model_spec)
         self.root = Path(root)
         self.options = options
@@ -270,9 +274,12 @@ def compress_on_ray(
             batch_format="numpy",
         )
         threads = max(1, int(cpus))
+        from seqkv_cli.runtime.devices import requested
+
+        device = requested()
         shards = assigned.groupby("shard").map_groups(
             CompressShard,
-            fn_constructor_args=(spec, str(root), options.shard_options(), threads),
+            fn_constructor_args=(spec, str(root), options.shard_options(), threads, device),
             compute=ActorPoolStrategy(size=workers),
             num_cpus=cpus,
             num_gpus=gpus,

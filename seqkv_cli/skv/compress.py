@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from seqkv_cli.clock import created_utc
 from seqkv_cli.container.compact import CODECS as COMPACT_CODECS
 from seqkv_cli.container.layout import kv_part, section_name, session_entry
 from seqkv_cli.errors import SeqkvError
@@ -103,7 +103,7 @@ def compress_captures(
             "model": header_model,
             "sessions": sessions,
             "meta": {
-                "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "created": created_utc(),
                 "writer": writer_version(),
             },
         }

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import numpy as np
 
+from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
 
 
@@ -75,7 +75,7 @@ def compress_sources(
     ends = write.plan(trie, sources, members)
     build = write.build_segment(trie, 0, sources, ends, coder, canon, on_progress, members=members)
     meta = {
-        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": created_utc(),
         "writer": writer_version(),
     }
     try:

@@ -35,14 +35,17 @@ class PortableState:
     ``kq``/``vq`` the same rows as integers with their power-of-two exponents ``ek``/``ev``.
     """
 
-    def __init__(self, num_layers, kv_heads, head_dim, capacity, bits: tuple[int, int, int]):
+    def __init__(
+        self, num_layers, kv_heads, head_dim, capacity, bits: tuple[int, int, int], device=None
+    ):
         shape = (num_layers, kv_heads, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=torch.float32)
-        self.values = torch.zeros(shape, dtype=torch.float32)
-        self.kq = torch.zeros(shape, dtype=torch.float64)
-        self.vq = torch.zeros(shape, dtype=torch.float64)
-        self.ek = torch.zeros((*shape[:-1], 1), dtype=torch.int64)
-        self.ev = torch.zeros((*shape[:-1], 1), dtype=torch.int64)
+        on = {"device": device or "cpu"}
+        self.keys = torch.zeros(shape, dtype=torch.float32, **on)
+        self.values = torch.zeros(shape, dtype=torch.float32, **on)
+        self.kq = torch.zeros(shape, dtype=torch.float64, **on)
+        self.vq = torch.zeros(shape, dtype=torch.float64, **on)
+        self.ek = torch.zeros((*shape[:-1], 1), dtype=torch.int64, **on)
+        self.ev = torch.zeros((*shape[:-1], 1), dtype=torch.int64, **on)
         # Fixed by the model (head size, context), never by this state's capacity.
         self.bits = bits
         self.key_bits, self.value_bits, self.prob_bits = bits
@@ -51,16 +54,17 @@ class PortableState:
         self.pending = 0  # positions being written by the call in progress
 
     def layer_kv(self, layer: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer's first ``n`` positions (default: all), (kv_heads, n, head_dim)."""
+        """K and V of one layer's first ``n`` positions (default: all), (kv_heads, n, head_dim),
+        on the CPU (views of the state there; copies from a GPU state)."""
         n = self.length if n is None else n
-        return self.keys[layer, :, :n], self.values[layer, :, :n]
+        return self.keys[layer, :, :n].cpu(), self.values[layer, :, :n].cpu()
 
     def fork(self, lm, length: int, capacity: int) -> PortableState:
         """A new state holding this one's first ``length`` positions (a trie branch point)."""
         if length > self.length:
             raise SeqkvError(f"cannot fork at {length}: the state holds {self.length} positions")
         layers, heads, _, hd = self.keys.shape
-        out = PortableState(layers, heads, hd, capacity, self.bits)
+        out = PortableState(layers, heads, hd, capacity, self.bits, self.keys.device)
         for name in ("keys", "values", "kq", "vq", "ek", "ev"):
             getattr(out, name)[:, :, :length] = getattr(self, name)[:, :, :length]
         out.length = length
@@ -135,11 +139,12 @@ def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
     qq, eq = exact.quantize_rows(qg, state.key_bits)
     kq, ek = state.kq[layer, :, :n], state.ek[layer, :, :n]
     vq, ev = state.vq[layer, :, :n], state.ev[layer, :, :n]
-    key_pos = torch.arange(n)
+    on = {"device": q.device}
+    key_pos = torch.arange(n, **on)
     parts = []
     for s in range(0, m, QUERY_BLOCK):
-        rows = torch.arange(s, min(m, s + QUERY_BLOCK))
-        sel = (torch.arange(groups)[:, None] * m + rows[None, :]).reshape(-1)
+        rows = torch.arange(s, min(m, s + QUERY_BLOCK), **on)
+        sel = (torch.arange(groups, **on)[:, None] * m + rows[None, :]).reshape(-1)
         qpos = (p0 + rows).repeat(groups)
         scores = exact.fixed_matmul(qq[:, sel], eq[:, sel], kq, ek) * scaling
         if softcap is not None:

@@ -15,6 +15,7 @@ import hashlib
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.devices import model_device
 from seqkv_cli.runtime.hfcompat import cache_kwarg
 from seqkv_cli.runtime.portable import exact
 from seqkv_cli.runtime.portable.attention import (
@@ -48,7 +49,8 @@ class PortableLM:
         cfg = getattr(hf_model.config, "text_config", None) or hf_model.config
         self.model_type = getattr(cfg, "model_type", "?")
         _refuse_unvetted(hf_model, self.model_type)
-        run_canary()
+        self.device = model_device(hf_model)
+        run_canary(self.device)
         _register_attention()
         if next(hf_model.parameters()).dtype != torch.float32:
             raise SeqkvError("portable numerics run fp32 weights; load the model in float32")
@@ -137,6 +139,7 @@ class PortableLM:
             self.head_dim,
             capacity,
             self.bits,
+            self.device,
         )
 
     @torch.inference_mode()
@@ -196,16 +199,16 @@ class PortableLM:
         try:
             # An already-built 4D mask is passed through by transformers' mask helpers;
             # the registered attention masks from absolute positions instead.
-            mask = torch.zeros((ids.shape[0], 1, ids.shape[1], 1))
+            mask = torch.zeros((ids.shape[0], 1, ids.shape[1], 1), device=self.device)
             with self._installed(), self._mode():
                 out = self.model(
-                    input_ids=ids,
-                    position_ids=positions,
+                    input_ids=ids.to(self.device),
+                    position_ids=positions.to(self.device),
                     attention_mask=mask,
                     **{cache_kwarg(type(self.model).forward): RowsCache(states)},
                     use_cache=True,
                 )
-            logits = out.logits.float()
+            logits = out.logits.float().cpu()  # the coder's tables are built on the CPU
         finally:
             current_rows.reset(token)
         for s in states:
@@ -238,8 +241,9 @@ def _refuse_unvetted(hf_model, model_type: str) -> None:
 CANARY_DIGEST = "b280753d21dce9657559c1dea1e3bcbfd56d68cc9f534f72ae7073e2fabccd7d"
 
 
-def canary_digest() -> str:
-    i = torch.arange(4096, dtype=torch.int64)
+def canary_digest(device=None) -> str:
+    """The digest of the primitives computed on `device` (default: the CPU)."""
+    i = torch.arange(4096, dtype=torch.int64, device=device or "cpu")
     # Built from integers by one correctly rounded division: the same grid everywhere.
     rows = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(64, 64)
     parts = [
@@ -255,25 +259,31 @@ def canary_digest() -> str:
         exact.tree_sum(rows, -1),
         exact.rsqrt(rows.abs() + 1.0),
         exact.matmul(rows, rows.t().contiguous()).float(),
-        exact.pow_(10000.0, torch.arange(0, 64, 2, dtype=torch.float32) / 64, torch.float32),
+        exact.pow_(
+            10000.0,
+            torch.arange(0, 64, 2, dtype=torch.float32, device=i.device) / 64,
+            torch.float32,
+        ),
     ]
     h = hashlib.sha256()
     for p in parts:
-        h.update(p.contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(p.contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
-_canary_ok: bool | None = None
+_canary_ok: dict[str, bool] = {}  # per device: a GPU is checked on its own kernels
 
 
-def run_canary() -> None:
-    """Refuse, with the check named, where this machine does not reproduce the definition."""
-    global _canary_ok
-    if _canary_ok is None:
-        _canary_ok = canary_digest() == CANARY_DIGEST
-    if not _canary_ok:
+def run_canary(device=None) -> None:
+    """Refuse, with the check named, where this machine (or device) does not reproduce the
+    definition."""
+    where = str(device or "cpu")
+    if where not in _canary_ok:
+        _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
+    if not _canary_ok[where]:
+        on = "" if where == "cpu" else f" on {where}"
         raise SeqkvError(
-            "portable numerics canary failed: this machine's floating point does not reproduce "
-            f"the {NUMERIC_PATH} primitives (flush-to-zero or fused operations?); files written "
-            "on the portable path cannot be coded or decoded here"
+            f"portable numerics canary failed{on}: this machine's floating point does not "
+            f"reproduce the {NUMERIC_PATH} primitives (flush-to-zero or fused operations?); "
+            "files written on the portable path cannot be coded or decoded here"
         )

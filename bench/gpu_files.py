@@ -1,0 +1,208 @@
+"""Whole `.skv` files on a GPU: the `seqkv` command run with --device cpu and --device cuda.
+
+For 1, 8 and 64 sessions (a shared system prompt, then each its own text) of a random-weight
+model with the embedded model's shape (no weights need to be on the machine):
+
+* capture on each device: the K/V tensors must be equal (the portable forward);
+* compress on each device, trie and flat layouts and `--parallel 4`, with SOURCE_DATE_EPOCH
+  fixed: the files must be byte-identical;
+* decompress the CPU's file on the device (and, for one session, the device's on the CPU):
+  K/V equal to the capture;
+* decode speed (restored tokens/s of `decompress`, process start and model load included).
+
+Runs as a step of bench/gpu_check.py (imported by it); `--cpu-dry-run` uses the CPU twice,
+with a tiny model, to show the code path works where no GPU is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NEEDS = ("transformers", "safetensors", "typer", "rich", "filelock", "google_crc32c")
+CACHE = Path(tempfile.gettempdir()) / "seqkv-gpu-files-cache"
+SYSTEM = "<|im_start|>system\nYou are a careful assistant that answers briefly.<|im_end|>\n"
+
+
+def missing_modules() -> list[str]:
+    return [m for m in NEEDS if importlib.util.find_spec(m) is None]
+
+
+def build_model(folder: Path, shape: dict, seed: int = 0) -> Path:
+    """Random weights of `shape` and a byte-level tokenizer, saved as a model folder."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=max(shape["vocab"], len(tok)),
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["mlp"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=shape.get("context", 2048),
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # larger weights than the init default: less flat distributions
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def write_sessions(folder: Path, count: int, chars: int) -> list[Path]:
+    """`count` texts: one system prompt, then a different slice of sample_data prose each."""
+    prose = (ROOT / "sample_data" / "prose.txt").read_text(encoding="utf-8")
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(count):
+        start = (i * 997) % max(1, len(prose) - chars)
+        path = folder / f"s{i:02d}.txt"
+        path.write_text(SYSTEM + prose[start : start + chars], encoding="utf-8")
+        out.append(path)
+    return out
+
+
+def seqkv(*args, device: str) -> float:
+    """Run `python -m seqkv_cli ARGS --device DEVICE`; its wall seconds (fails loudly)."""
+    # SEQKV_CACHE: fingerprints go next to the run (and platformdirs is not needed).
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "SEQKV_CACHE": str(CACHE)}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "codecs"), env.get("PYTHONPATH", "")]
+    )
+    cmd = [sys.executable, "-m", "seqkv_cli", *map(str, args), "--device", device]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[3:])} failed: {done.stderr.strip()[-600:]}")
+    return time.perf_counter() - start
+
+
+def same_tensors(a_dir: Path, b_dir: Path) -> bool:
+    """Every capture in `a_dir` has the same tokens and K/V as its namesake in `b_dir`."""
+    import torch
+
+    sys.path[:0] = [str(ROOT), str(ROOT / "codecs")]
+    from seqkv_cli.kvcapture.capture_file import load_capture
+
+    for path in sorted(a_dir.glob("*.safetensors")):
+        a, b = load_capture(path), load_capture(b_dir / path.name)
+        pairs = [(a.tokens, b.tokens), *zip(a.keys + a.values, b.keys + b.values, strict=True)]
+        if not all(torch.equal(x, y) for x, y in pairs):
+            return False
+    return True
+
+
+def one_count(work: Path, model: Path, count: int, chars: int, devices: tuple[str, str]) -> dict:
+    """One session count. The CPU side of the device machine only prefills (capture, compress
+    --no-verify) except for one session, which it also decodes: stepping thousands of tokens
+    on a CPU would not fit a device call."""
+    cpu, dev = devices
+    texts = write_sessions(work / "texts", count, chars)
+    caps = {}
+    for d in devices:
+        caps[d] = work / f"caps-{d}"
+        seqkv("capture", *texts, "-o", caps[d], "--model", model, "--truncate", device=d)
+    captures = sorted(caps[cpu].glob("*.safetensors"))
+    row = {"sessions": count, "capture_tensors_identical": same_tensors(caps[cpu], caps[dev])}
+    variants = {"trie": []}
+    if count <= 8:
+        variants["flat"] = ["--layout", "flat"]
+        variants["parallel-4"] = ["--layout", "flat", "--parallel", "4"]
+    for name, extra in variants.items():
+        files = {}
+        for d in devices:
+            files[d] = work / f"{name}-{d}.skv"
+            # --no-verify: each file is decoded below, on the other device, and compared.
+            seqkv("compress", *captures, "-o", files[d], "--model", model, *extra, "--no-verify",
+                  device=d)  # fmt: skip
+        row[f"{name}_bytes_identical"] = files[cpu].read_bytes() == files[dev].read_bytes()
+        row[f"{name}_bytes"] = files[cpu].stat().st_size
+        crossings = [(cpu, dev)] + ([(dev, cpu)] if count == 1 and name == "trie" else [])
+        for src, dst in crossings:
+            out = work / f"{name}-{src}-on-{dst}"
+            seconds = seqkv("decompress", files[src], "-o", out, "--model", model, device=dst)
+            row[f"{name}_{src}_file_on_{dst}_restores_capture"] = same_tensors(caps[cpu], out)
+            row[f"{name}_decode_seconds_on_{dst}"] = seconds
+    from safetensors import safe_open
+
+    tokens = 0
+    for path in captures:
+        with safe_open(path, "pt") as f:
+            tokens += f.get_slice("tokens").get_shape()[0]
+    row["tokens"] = tokens
+    for d in devices:
+        seconds = row.get(f"trie_decode_seconds_on_{d}")
+        row[f"trie_tokens_per_s_on_{d}"] = tokens / seconds if seconds else None
+    return row
+
+
+def whole_files(device: str, shape: dict, counts: tuple[int, ...], chars: int) -> dict:
+    lacking = missing_modules()
+    if lacking:
+        return {"skipped": f"this Python lacks {', '.join(lacking)} (see bench/gpu_check.sh)"}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="seqkv-gpu-files-") as tmp:
+        work = Path(tmp)
+        model = build_model(work / "model", shape)
+        for count in counts:
+            print(f"  files: {count} sessions", flush=True)
+            case = work / f"n{count}"
+            case.mkdir()
+            size = chars if count == 1 else max(chars // 2, 16)  # many sessions: shorter ones
+            rows.append(one_count(case, model, count, size, ("cpu", device)))
+    return {"device": device, "shape": shape, "chars_per_session": chars, "rows": rows}
+
+
+def markdown(result: dict) -> list[str]:
+    if "skipped" in result:
+        return ["", f"Whole `.skv` files: skipped — {result['skipped']}."]
+    dev = result["device"]
+    lines = [
+        "",
+        f"Whole `.skv` files written by `seqkv` with --device cpu and --device {dev} "
+        f"(SOURCE_DATE_EPOCH fixed; random weights of shape {result['shape']}).",
+        "",
+        "| sessions | tokens | capture K/V equal | trie bytes identical | flat bytes identical "
+        "| parallel-4 bytes identical | cross-device restores equal | trie tokens/s cpu "
+        f"| trie tokens/s {dev} |",
+        "|" + " --- |" * 9,
+    ]
+    for r in result["rows"]:
+        cross = all(v for k, v in r.items() if k.endswith("_restores_capture"))
+        cells = [f"{r['sessions']}", f"{r['tokens']:,}", _yes(r["capture_tensors_identical"])]
+        cells += [
+            _flag(r.get(f"{name}_bytes_identical")) for name in ("trie", "flat", "parallel-4")
+        ]
+        cells += [_yes(cross), _rate(r["trie_tokens_per_s_on_cpu"])]
+        cells.append(_rate(r[f"trie_tokens_per_s_on_{dev}"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _flag(flag: bool | None) -> str:
+    return "—" if flag is None else _yes(flag)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "**NO**"

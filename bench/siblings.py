@@ -1,0 +1,194 @@
+"""Restoring sibling sessions together: tokens/s of 8 sessions at once vs one session alone.
+
+Two archives, both `seq` tries on the embedded model (portable numerics, bf16 captures):
+
+* **chats**: sample_data/chats.jsonl's first `--sessions` chats, which share their system
+  prompt (~600 tokens) and differ after it, as the conversations of one support bot do;
+* **independent**: `--sessions` slices of sample_data prose and code of `--tokens` tokens
+  that share nothing, so all that helps is stepping them as rows of one pass.
+
+For each: restore the first session alone, then all sessions at once (`Archive.restore_many`,
+guesses on, the default), each restore compared with its capture bit for bit. Reported:
+restored positions per second (what a user gets back: every session whole) and decoded
+tokens per second (a shared prefix counts once), and model passes. Run alone on the machine.
+
+    python bench/siblings.py --json bench/results/siblings.json --append docs/BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+
+
+def chat_inputs(folder: Path, count: int) -> list[Path]:
+    lines = (SAMPLE / "chats.jsonl").read_text(encoding="utf-8").splitlines()
+    chats = [json.loads(line) for line in lines if line.strip()]
+    chats = [c for c in chats if c["id"].startswith("chat-")][:count]
+    path = folder / "chats.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
+    return [path]
+
+
+def independent_inputs(folder: Path, count: int) -> list[Path]:
+    """`count` texts sharing no prefix: alternating prose and code slices."""
+    sources = [(SAMPLE / n).read_text(encoding="utf-8") for n in ("prose.txt", "sample_code.py")]
+    out = []
+    for i in range(count):
+        text = sources[i % 2]
+        start = (i // 2) * (len(text) // max(1, count // 2 + 1))
+        path = folder / f"text-{i:02d}.txt"
+        path.write_text(text[start:], encoding="utf-8")
+        out.append(path)
+    return out
+
+
+def passes_counter():
+    """Rows of every canonical pass, counted by wrapping the adapter's feed."""
+    from seqkv_cli.sequential.adapter import CanonicalLogits
+
+    passes: list[int] = []
+    real = CanonicalLogits.feed_rows
+
+    def feed_rows(self, tracks, ids):
+        passes.append(len(tracks))
+        return real(self, tracks, ids)
+
+    CanonicalLogits.feed_rows = feed_rows
+    return passes, lambda: setattr(CanonicalLogits, "feed_rows", real)
+
+
+def restore(lm, skv: Path, entries_of, captures: dict) -> dict:
+    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.skv.restore import Archive
+
+    passes, undo = passes_counter()
+    try:
+        with Archive(skv, model=lm) as arc:
+            arc.canonical()  # model set-up is not restore time
+            entries = entries_of(arc.sessions)
+            pairs, seconds = timed(lambda: list(arc.restore_many(entries)))
+            decoded = _decoded_tokens(arc, entries)
+    finally:
+        undo()
+    for entry, got in pairs:
+        if isinstance(got, Exception) or not same_capture(captures[entry["id"]], got):
+            raise SystemExit(f"{skv.name}: session {entry['id']} restored differently: {got}")
+    positions = sum(e["positions"] for e, _ in pairs)
+    return {
+        "sessions": len(pairs),
+        "positions": positions,
+        "decoded_tokens": decoded,
+        "seconds": round(seconds, 2),
+        "positions_per_s": round(positions / seconds, 2),
+        "decoded_tokens_per_s": round(decoded / seconds, 2),
+        "passes": len(passes),
+        "rows": sum(passes),
+    }
+
+
+def _decoded_tokens(arc, entries) -> int:
+    """Tokens the restore decodes: every trie node on the sessions' paths, once."""
+    if arc.trie is None:
+        return sum(e["positions"] for e in entries)
+    from seqkv_cli.trie.store import chain
+
+    nodes = set()
+    for e in entries:
+        nodes.update(chain(arc.trie.nodes, e["trie"]["node"]))
+    return sum(arc.trie.nodes[n].n_tokens for n in nodes)
+
+
+def measure(lm, name: str, inputs, args, folder: Path) -> dict:
+    from seqkv_cli.kvcapture.api import capture
+    from seqkv_cli.kvcapture.capture_file import load_capture
+    from seqkv_cli.runtime.numerics import DEFAULT
+    from seqkv_cli.skv.compress import compress_captures
+
+    paths = inputs(folder, args.sessions)
+    results = capture(
+        [str(p) for p in paths], model=lm, out=folder / "caps", max_tokens=args.tokens,
+        truncate=True,
+    )  # fmt: skip
+    captures = {load_capture(r.path).session_id: load_capture(r.path) for r in results}
+    skv = folder / f"{name}.skv"
+    spec = {"id": "seq", "numerics": DEFAULT}
+    compress_captures([r.path for r in results], skv, codec=spec, model=lm, check=False)
+    alone = restore(lm, skv, lambda sessions: sessions[:1], captures)
+    print(name, "alone", alone, flush=True)
+    together = restore(lm, skv, lambda sessions: sessions, captures)
+    print(name, "together", together, flush=True)
+    return {
+        "case": name,
+        "file_bytes": skv.stat().st_size,
+        "alone": alone,
+        "together": together,
+        "positions_ratio": round(together["positions_per_s"] / alone["positions_per_s"], 2),
+        "decoded_ratio": round(together["decoded_tokens_per_s"] / alone["decoded_tokens_per_s"], 2),
+    }
+
+
+CASES = {"chats": chat_inputs, "independent": independent_inputs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=160, help="independent: tokens each")
+    parser.add_argument("--model", help="model folder or .gguf (default: the embedded model)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--append", type=Path)
+    args = parser.parse_args()
+    from seqkv_cli.runtime.loading import load_model
+
+    lm = load_model(args.model)
+    rows = []
+    for name in args.cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            case_args = argparse.Namespace(**vars(args))
+            if name == "chats":
+                case_args.tokens = None  # whole chats: the shared prompt and each reply
+            rows.append(measure(lm, name, CASES[name], case_args, Path(tmp)))
+    result = {"environment": environment(lm), "command": command_line(), "rows": rows}
+    publish(result, markdown(result), args.json, args.append)
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "### Sibling sessions restored together (`bench/siblings.py`, issue 12)",
+        "",
+        environment_line(result["environment"], result["command"]),
+        "",
+        "| case | sessions restored | positions | decoded tokens | passes | seconds "
+        "| positions/s | decoded tokens/s | vs one alone (positions/s, decoded/s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in result["rows"]:
+        for label in ("alone", "together"):
+            m = r[label]
+            ratio = (
+                "1.00x, 1.00x"
+                if label == "alone"
+                else f"**{r['positions_ratio']:.2f}x**, {r['decoded_ratio']:.2f}x"
+            )
+            lines.append(
+                f"| {r['case']} ({label}) | {m['sessions']} | {m['positions']:,} "
+                f"| {m['decoded_tokens']:,} | {m['passes']:,} | {m['seconds']} "
+                f"| {m['positions_per_s']:.2f} | {m['decoded_tokens_per_s']:.2f} | {ratio} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

@@ -1,0 +1,6 @@
+"""`python -m seqkv_cli ...`: the `seqkv` command without an installed entry point (e.g. a
+checkout on a lent GPU machine, bench/gpu_check.sh)."""
+
+from seqkv_cli.cli import main
+
+main()
