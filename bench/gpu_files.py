@@ -35,35 +35,21 @@ def missing_modules() -> list[str]:
 
 
 def build_model(folder: Path, shape: dict, seed: int = 0) -> Path:
-    """Random weights of `shape` and a byte-level tokenizer, saved as a model folder."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    """Random weights of `shape` and a byte-level tokenizer (tests/conftest.py's builder)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import build_tiny_model
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=max(shape["vocab"], len(tok)),
+    return build_tiny_model(
+        folder,
+        seed=seed,
+        vocab_size=shape["vocab"],  # above the tokenizer's 258 ids: the model's shape counts
         hidden_size=shape["hidden"],
         intermediate_size=shape["mlp"],
         num_hidden_layers=shape["layers"],
         num_attention_heads=shape["heads"],
         num_key_value_heads=shape["kv_heads"],
         max_position_embeddings=shape.get("context", 2048),
-        tie_word_embeddings=True,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # larger weights than the init default: less flat distributions
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def write_sessions(folder: Path, count: int, chars: int) -> list[Path]:

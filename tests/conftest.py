@@ -19,9 +19,11 @@ CHATML = (
 
 
 def build_tiny_model(
-    folder: Path, *, model_type: str = "llama", context: int = 512, seed: int = 0
+    folder: Path, *, model_type: str = "llama", context: int = 512, seed: int = 0, **config
 ) -> Path:
-    """A randomly initialised Llama-family model + byte-level tokenizer saved as an HF folder."""
+    """A randomly initialised Llama-family model + byte-level tokenizer saved as an HF folder.
+
+    ``config`` overrides the tiny shape (bench/gpu_files.py builds the embedded model's)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -33,17 +35,17 @@ def build_tiny_model(
     backend.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=CHATML)
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        tie_word_embeddings=True,
-    )
+    shape = {
+        "vocab_size": len(tok),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": context,
+        "tie_word_embeddings": True,
+    }
+    config = AutoConfig.for_model(model_type, **{**shape, **config})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # larger weights than the init default make logits less flat

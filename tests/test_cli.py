@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
+from cli_run import invoke
 from conftest import SAMPLE_DATA
-from seqkv_cli.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args: str, input: str | None = None):
-    return runner.invoke(app, list(args), input=input, env={"COLUMNS": "200"})
 
 
 def assert_one_line_error(result, fragment: str) -> None:

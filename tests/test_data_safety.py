@@ -15,23 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from seqkv_cli.cli import app
+from cli_run import assert_error, invoke
 from seqkv_cli.kvcapture.capture_file import Capture, load_capture, save_capture
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
-
-
-def assert_error(result, fragment: str, code: int = 2) -> None:
-    assert result.exit_code == code, (result.output, result.exception)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert "Traceback" not in result.output
 
 
 def synthetic(session_id: str, n: int = 12, tokens=None, dtype=torch.bfloat16) -> Capture:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from seqkv_cli.cli import app
+from cli_run import invoke as run
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime import devices
 
@@ -18,11 +17,7 @@ NO_CUDA = devices.cuda_unavailable_reason() is not None
 needs_no_cuda = pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
 
 
-def run(*args, env=None):
-    return CliRunner().invoke(app, [str(a) for a in args], env=env)
-
-
-def error_lines(result) -> list[str]:
+def stderr_lines(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
 
 
@@ -47,7 +42,7 @@ def test_cuda_without_cuda_is_one_line_and_exit_2(tmp_path, command):
     args = [a.format(d=tmp_path) for a in command]
     result = run(*args, "--device", "cuda")
     assert result.exit_code == 2, result.output
-    lines = error_lines(result)
+    lines = stderr_lines(result)  # the error and nothing else
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: --device cuda: no CUDA device here (")
     assert "use --device cpu" in lines[0]

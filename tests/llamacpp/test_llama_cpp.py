@@ -10,9 +10,8 @@ import os
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from seqkv_cli.cli import app
+from cli_run import invoke
 
 if os.environ.get("SEQKV_REQUIRE_LLAMA_CPP"):  # .ci/run: a missing llama.cpp is a failure
     import llama_cpp
@@ -21,13 +20,8 @@ else:
         "llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[llamacpp]')"
     )
 
-runner = CliRunner()
 SYSTEM = "You are a careful assistant. Answer briefly and cite the rule you used. "
 USERS = ["What is the capital of France?", "List three prime numbers.", "Why is the sky blue?"]
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")

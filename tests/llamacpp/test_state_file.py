@@ -9,18 +9,11 @@ import struct
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from seqkv_cli.cli import app
+from cli_run import invoke
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.llamacpp.convert import from_capture_kv, to_capture_kv
 from seqkv_cli.llamacpp.state_file import LayerKV, LlamaState, parse_state, write_state
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
 
 
 def one_line_error(result, fragment: str) -> str:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from report.report_cli import invoke
+from cli_run import invoke
 from seqkv_cli import capture
 
 TEXTS = {

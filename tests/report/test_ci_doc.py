@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from report.report_cli import error_lines, invoke
+from cli_run import error_lines, invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_DOC, SAMPLE_DATA = ROOT / "docs" / "CI.md", ROOT / "sample_data"

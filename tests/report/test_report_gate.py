@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from report.report_cli import error_lines, invoke
+from cli_run import error_lines, invoke
 
 
 def test_gate_passes_and_fails_naming_sessions(caps, tmp_path):

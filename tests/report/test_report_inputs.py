@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from cli_run import error_lines, invoke
 from conftest import build_tiny_model
-from report.report_cli import error_lines, invoke
 from seqkv_cli import capture, load_capture
 from seqkv_cli.report.continuation import Continuation
 from seqkv_cli.report.windows import cost_curve, mean_curve, windows

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from report.report_cli import invoke
+from cli_run import invoke
 from seqkv_cli import load_capture
 from seqkv_cli.kvcapture.capture_file import save_capture
 from seqkv_cli.skv.compress import compress_captures

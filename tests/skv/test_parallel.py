@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import assert_error, invoke
 from passes import counted
-from report.report_cli import error_lines, invoke
 from seqkv_cli import load_capture
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
@@ -26,13 +26,6 @@ from seqkv_codecs.sequential.parallel_stream import (
 from seqkv_codecs.sequential.token_coder import assemble_token_stream
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-
-
-def assert_error(result, fragment: str, code: int = 2) -> None:
-    assert result.exit_code == code, result.output
-    errors = error_lines(result)
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert "Traceback" not in result.output
 
 
 @pytest.fixture(scope="module")

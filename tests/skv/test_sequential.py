@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
+from cli_run import invoke
 from conftest import SAMPLE_DATA, build_tiny_model
 from seqkv_cli import capture, load_capture
-from seqkv_cli.cli import app
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.decompress import decompress
 from seqkv_cli.skv.restore import Archive
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,12 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from cli_run import assert_error, invoke
 from seqkv_cli import capture, load_capture
-from seqkv_cli.cli import app
 from seqkv_cli.skv.restore import Archive
 
-runner = CliRunner()
 LOSSY_REL_L2 = {"int8": 0.02, "kivi4": 0.15, "kivi2": 0.5, "turbo4": 0.12, "turbo3": 0.22}
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
-
-
-def assert_error(result, fragment: str, code: int = 2) -> None:
-    assert result.exit_code == code, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert "Traceback" not in result.output
 
 
 @pytest.fixture(scope="module")

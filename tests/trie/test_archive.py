@@ -12,21 +12,15 @@ import time
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from seqkv_cli.cli import app
+from cli_run import invoke
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
 from seqkv_cli.trie.store import chain
 
-runner = CliRunner()
 PREFIX = "System: you are a careful assistant who answers briefly and cites sources. " * 3
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
