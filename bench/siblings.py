@@ -53,18 +53,26 @@ def independent_inputs(folder: Path, count: int) -> list[Path]:
 
 
 def passes_counter():
-    """Rows of every canonical pass, counted by wrapping the adapter's feed."""
+    """Rows of every canonical pass (one token a row, or a row's guessed tokens), counted by
+    wrapping the adapter's two feeds."""
     from seqkv_cli.sequential.adapter import CanonicalLogits
 
     passes: list[int] = []
-    real = CanonicalLogits.feed_rows
+    rows, drafts = CanonicalLogits.feed_rows, CanonicalLogits.feed_drafts
 
     def feed_rows(self, tracks, ids):
         passes.append(len(tracks))
-        return real(self, tracks, ids)
+        return rows(self, tracks, ids)
 
-    CanonicalLogits.feed_rows = feed_rows
-    return passes, lambda: setattr(CanonicalLogits, "feed_rows", real)
+    def feed_drafts(self, tracks, token_lists):
+        passes.append(sum(len(t) for t in token_lists))
+        return drafts(self, tracks, token_lists)
+
+    def undo():
+        CanonicalLogits.feed_rows, CanonicalLogits.feed_drafts = rows, drafts
+
+    CanonicalLogits.feed_rows, CanonicalLogits.feed_drafts = feed_rows, feed_drafts
+    return passes, undo
 
 
 def restore(lm, skv: Path, entries_of, captures: dict) -> dict:
@@ -92,7 +100,7 @@ def restore(lm, skv: Path, entries_of, captures: dict) -> dict:
         "positions_per_s": round(positions / seconds, 2),
         "decoded_tokens_per_s": round(decoded / seconds, 2),
         "passes": len(passes),
-        "rows": sum(passes),
+        "rows": sum(passes),  # tokens fed, guesses included
     }
 
 

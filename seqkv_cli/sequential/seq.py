@@ -107,22 +107,27 @@ class SeqCodec(SessionCodec):
             raise SeqkvError(str(exc)) from None
 
     @staticmethod
-    def _joined(pieces: list) -> np.ndarray:
-        """The runs' tokens in order, if their lengths are the ones chunk_bounds gives."""
+    def _check_runs(lengths: list[int]) -> None:
+        """Runs must be the ones chunk_bounds cuts a session of sum(lengths) tokens into:
+        checked on the header (screen_tokens) and again on what was decoded (_joined), as
+        the decode can be reached without the screen."""
         from seqkv_codecs.sequential.parallel_stream import chunk_bounds
 
-        lengths = [len(p) for p in pieces]
-        expected = [b - a for a, b in chunk_bounds(sum(lengths), len(pieces))]
-        if lengths != expected:
+        expected = [b - a for a, b in chunk_bounds(sum(lengths), len(lengths))]
+        if len(lengths) > 1 and lengths != expected:
             raise SeqkvError(
                 f"its token runs hold {lengths} tokens, not the runs of one session ({expected})"
             )
+
+    @classmethod
+    def _joined(cls, pieces: list) -> np.ndarray:
+        """The runs' tokens in order, if their lengths are the ones chunk_bounds gives."""
+        cls._check_runs([len(p) for p in pieces])
         return np.concatenate(pieces)
 
     def screen_tokens(self, entry: dict, data: bytes | None, canon) -> None:
         """The stream's header must name the model's vocabulary and the session's length."""
         from seqkv_codecs.errors import CodecError
-        from seqkv_codecs.sequential.parallel_stream import chunk_bounds
         from seqkv_codecs.sequential.token_coder import read_token_stream_info
 
         streams = [data if data is not None else b""] if self.parallel == 1 else self._runs(data)
@@ -142,6 +147,4 @@ class SeqCodec(SessionCodec):
                 f"its token stream holds {n} tokens; the header says "
                 f"{entry['positions']} and the model context is {canon.max_context}"
             )
-        runs = [info.n_tokens for info in infos]
-        if len(infos) > 1 and runs != [b - a for a, b in chunk_bounds(n, len(infos))]:
-            raise SeqkvError(f"its token runs hold {runs} tokens, not the runs of one session")
+        self._check_runs([info.n_tokens for info in infos])
