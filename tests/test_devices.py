@@ -54,6 +54,9 @@ def test_unknown_devices_are_refused_naming_the_choices(tmp_path):
     for bad, expected in (
         ("tpu", "is not one of auto, cpu, cuda, cuda:N"),
         ("cuda:x", "the GPU index must be a number"),
+        ("cuda:", "the GPU index must be a number"),
+        ("cuda:\u0663", "the GPU index must be a number"),  # a digit, but not an ASCII one
+        ("[red]x", "is not one of auto, cpu, cuda, cuda:N"),
     ):
         result = run("verify", tmp_path / "in.skv", "--device", bad)
         assert result.exit_code == 2

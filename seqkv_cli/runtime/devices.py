@@ -44,13 +44,13 @@ def resolve(name: str | None) -> torch.device:
     if name == "cpu":
         return _CPU
     if name == "cuda" or name.startswith("cuda:"):
-        index = name.partition(":")[2]
-        if index and not index.isdigit():
+        has_index, index = ":" in name, name.partition(":")[2]
+        if has_index and not (index.isascii() and index.isdigit() and len(index) <= 4):
             raise SeqkvError(f"--device {name}: the GPU index must be a number (cuda:0)")
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise SeqkvError(f"--device {name}: no CUDA device here ({reason}); use --device cpu")
-        if index and int(index) >= torch.cuda.device_count():
+        if has_index and int(index) >= torch.cuda.device_count():
             raise SeqkvError(
                 f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), "
                 f"numbered from cuda:0"
