@@ -84,8 +84,7 @@ def same_tensors(a_dir: Path, b_dir: Path) -> bool:
     """Every capture in `a_dir` has the same tokens and K/V as its namesake in `b_dir`."""
     import torch
 
-    sys.path[:0] = [str(ROOT), str(ROOT / "codecs")]
-    from seqkv_cli.kvcapture.capture_file import load_capture
+    from seqkv_cli.kvcapture.capture_file import load_capture  # gpu_check put seqkv on the path
 
     for path in sorted(a_dir.glob("*.safetensors")):
         a, b = load_capture(path), load_capture(b_dir / path.name)

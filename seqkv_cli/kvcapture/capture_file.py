@@ -224,13 +224,15 @@ def _check_shape_meta(path: Path, meta: dict, n_layers: int, first) -> None:
             )
 
 
-def to_dynamic_cache(capture: Capture, dtype: torch.dtype = torch.float32, device=None):
-    """The capture as a `transformers` DynamicCache (batch 1), ready to continue generation
-    (on `device`, default the CPU)."""
+def to_dynamic_cache(
+    capture: Capture, dtype: torch.dtype = torch.float32, device=None, upto: int | None = None
+):
+    """The capture (its first `upto` positions, default all) as a `transformers` DynamicCache
+    (batch 1) on `device` (default the CPU), ready to continue generation."""
     from transformers import DynamicCache
 
     on = device or "cpu"
     cache = DynamicCache()
     for i, (k, v) in enumerate(zip(capture.keys, capture.values, strict=True)):
-        cache.update(k[None].to(on, dtype), v[None].to(on, dtype), i)
+        cache.update(k[None, :, :upto].to(on, dtype), v[None, :, :upto].to(on, dtype), i)
     return cache

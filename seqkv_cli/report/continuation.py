@@ -85,14 +85,7 @@ class Continuation:
 def _cache(cap, upto: int, model):
     """A DynamicCache of the first `upto` positions of a capture (fp32, batch 1), on the
     model's device."""
-    from transformers import DynamicCache
-
+    from seqkv_cli.kvcapture.capture_file import to_dynamic_cache
     from seqkv_cli.runtime.devices import model_device
 
-    on = model_device(model)
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(zip(cap.keys, cap.values, strict=True)):
-        cache.update(
-            k[None, :, :upto].to(on, torch.float32), v[None, :, :upto].to(on, torch.float32), i
-        )
-    return cache
+    return to_dynamic_cache(cap, torch.float32, model_device(model), upto)

@@ -20,7 +20,6 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 
-CHOICES = ("auto", "cpu", "cuda")
 DEFAULT = "auto"
 _CPU = torch.device("cpu")
 _selected: torch.device = _CPU
@@ -38,7 +37,7 @@ def cuda_unavailable_reason() -> str | None:
 
 def resolve(name: str | None) -> torch.device:
     """The torch device for a `--device` value: auto, cpu, cuda or cuda:N."""
-    name = (name or DEFAULT).strip().lower()
+    name = _normal(name)
     if name == "auto":
         return torch.device("cuda") if cuda_unavailable_reason() is None else _CPU
     if name == "cpu":
@@ -59,11 +58,15 @@ def resolve(name: str | None) -> torch.device:
     raise SeqkvError(f"--device {name!r} is not one of auto, cpu, cuda, cuda:N")
 
 
+def _normal(name: str | None) -> str:
+    return (name or DEFAULT).strip().lower()
+
+
 def use_device(name: str | None) -> torch.device:
     """Select the device that models loaded from now on run on."""
     global _selected, _requested
     _selected = resolve(name)
-    _requested = (name or DEFAULT).strip().lower()
+    _requested = _normal(name)
     return _selected
 
 

@@ -128,19 +128,19 @@ def _parse_v2(buf: bytes, precision: int, k: int) -> list[bytes]:
     pos, table = _HEAD.size + _SHARED.size, []
     for a, b in runs:
         chunks = []
-        for first in range(a, b, size):
+        for _ in range(a, b, size):
             length, pos = decode_varint(buf, pos, max_bytes=5)
             if pos + _LEN.size > len(buf):
                 raise CorruptStreamError("parallel token stream is truncated inside its table")
             if not 0 < length < _MAX_CHUNK_BYTES:
                 raise CorruptStreamError(f"parallel token stream names a {length}-byte chunk")
-            chunks.append((length, _LEN.unpack_from(buf, pos)[0], min(b, first + size) - first))
+            chunks.append((length, _LEN.unpack_from(buf, pos)[0]))
             pos += _LEN.size
         table.append(chunks)
     if pos + _LEN.size > len(buf) or zlib.crc32(buf[:pos]) != _LEN.unpack_from(buf, pos)[0]:
         raise CorruptStreamError("parallel token stream header failed its CRC: it is damaged")
     offset = pos + _LEN.size
-    total = sum(length for chunks in table for length, _, _ in chunks)
+    total = sum(length for chunks in table for length, _ in chunks)
     if offset + total != len(buf):
         raise CorruptStreamError(
             f"parallel token stream's chunks ({total} bytes) do not match its "
@@ -149,7 +149,7 @@ def _parse_v2(buf: bytes, precision: int, k: int) -> list[bytes]:
     out = []
     for (a, b), chunks in zip(runs, table, strict=True):
         parts = []
-        for length, crc, _ in chunks:
+        for length, crc in chunks:
             parts.append((buf[offset : offset + length], crc))
             offset += length
         out.append(assemble_token_stream(precision, vocab, b - a, size, parts))
