@@ -92,6 +92,16 @@ def say(message: str) -> None:
     err_console.print(shown(message), highlight=False)
 
 
+def human_seconds(x: float) -> str:
+    """A duration with its significant digits kept: a tiny model's restore is milliseconds,
+    which one decimal of seconds would print as "0.0 s"."""
+    if x >= 10:
+        return f"{x:,.0f} s"
+    if x >= 1:
+        return f"{x:.1f} s"
+    return f"{x * 1000:.3g} ms"
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

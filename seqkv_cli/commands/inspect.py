@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, handle_errors, human_bytes, shown
+from seqkv_cli.commands._common import console, handle_errors, human_bytes, human_seconds, shown
 from seqkv_cli.commands.capture import (
     DeviceOption,
     ModelOption,
@@ -60,7 +60,7 @@ def info_command(
             )
         table = Table()
         cols = ["session", "positions", "dtype", "bytes", "bits/position", "log2 PP"]
-        cols += ["restore s alone (est.)"] if estimate else []
+        cols += ["restore alone (est.)"] if estimate else []
         for col in cols:
             table.add_column(col, justify="left" if col == "session" else "right")
         for s in acc.sessions:
@@ -74,7 +74,7 @@ def info_command(
                 "-" if ppl is None else f"{ppl:.3f}",
             ]
             if estimate:
-                cells.append(f"{estimate.per_session[s['id']]:,.1f}")
+                cells.append(human_seconds(estimate.per_session[s["id"]]))
             table.add_row(*cells)
         console.print(table)
         parts = Table(title="bits per position by part")
@@ -101,7 +101,7 @@ def info_command(
         )
         if estimate:
             console.print(
-                f"restore on this machine (estimated): {estimate.seconds:,.1f} s for all "
+                f"restore on this machine (estimated): {human_seconds(estimate.seconds)} for all "
                 f"{len(acc.sessions):,} session(s), {estimate.tokens:,} tokens decoded, "
                 f"{estimate.tokens_per_s:,.1f} tokens/s; {shown(estimate.basis)}"
             )
