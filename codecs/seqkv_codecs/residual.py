@@ -100,12 +100,13 @@ def apply_residual(data: bytes, recomputed: np.ndarray) -> np.ndarray:
 # prefix whose K/V are the same bits (llama.cpp slots of one system prompt) then store the
 # prefix's residual once. An older reader finds an unknown magic and refuses the part.
 BASED_MAGIC = b"SKB1"
+ROUNDING_MAGIC = b"SKR2"  # seqkv_codecs.rounding_residual.MAGIC (which imports nothing here)
 _BASED = struct.Struct("<4sBBHII")  # magic, version 1, reserved u8, u16; base local, p
 
 
 def encode_based(base_local: int, positions: int, inner: bytes) -> bytes:
-    """`inner` (an SKR1 stream against the spliced reference) resting on session `base_local`
-    of the same segment for its first `positions` positions."""
+    """`inner` (an SKR1 or SKR2 stream against the spliced reference) resting on session
+    `base_local` of the same segment for its first `positions` positions."""
     return _BASED.pack(BASED_MAGIC, 1, 0, 0, base_local, positions) + inner
 
 
@@ -117,6 +118,6 @@ def parse_based(data: bytes) -> tuple[int, int, bytes]:
     if magic != BASED_MAGIC or version != 1 or r1 or r2:
         raise CorruptStreamError("not a based residual stream of version 1")
     inner = data[_BASED.size :]
-    if inner[:4] != MAGIC:
+    if inner[:4] not in (MAGIC, ROUNDING_MAGIC):
         raise CorruptStreamError("based residual stream does not hold an exact residual")
     return base, positions, inner

@@ -229,7 +229,16 @@ def _add_seq(trie: Trie, first_new: int, sources, coder, canon, source) -> Segme
         track = rows.finish()
         cap = src.load()
         keys, values = track.kv(canon.num_layers, DTYPES[src.meta["dtype"]])
-        check_session(src.coder_for(coder), build, local, cap, keys, values, track.surprisal)
+        check_session(
+            src.coder_for(coder),
+            build,
+            local,
+            cap,
+            keys,
+            values,
+            track.surprisal,
+            unrounded=track.unrounded,
+        )
         adapter.tracks.clear()
     build.parts["tokens"] = b"".join(payloads)
     return build

@@ -56,6 +56,21 @@ class Track:
         values = [self.state.layer_kv(i)[1].to(dtype) for i in range(num_layers)]
         return keys, values
 
+    def unrounded(self, kind: str, layer: int) -> torch.Tensor:
+        """One layer's K (`kind` "key") or V before rounding to a capture's dtype."""
+        return unrounded_kv(self.state)(kind, layer)
+
+
+def unrounded_kv(state, n: int | None = None):
+    """`(kind, layer) -> float32 tensor`: K or V of `state`'s first `n` positions before their
+    rounding to a capture's dtype. Read only where a residual needs it (`SKR2` models the
+    residual on the rounding), so sessions without residuals copy nothing."""
+
+    def read(kind: str, layer: int) -> torch.Tensor:
+        return state.layer_kv(layer, n)[1 if kind == "value" else 0].float()
+
+    return read
+
 
 class CanonicalLogits:
     """Feeds a `CanonicalLM` for the token coder, one sequence or several in lockstep.

@@ -142,15 +142,22 @@ class SessionCodec:
         keys, values = track.kv(canon.num_layers, dtype)
         for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
             for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
-                self.add_residual(out, f"layers.{layer}.{kind}", kv_bits(a), kv_bits(b), cap)
+                part = f"layers.{layer}.{kind}"
+                self.add_residual(out, part, kv_bits(a), kv_bits(b), cap, track.unrounded)
         if not torch.equal(track.surprisal, cap.surprisal.double()):
             # Not expected for canonical captures; kept explicit so restore stays exact.
             out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
             out.notes.append("surprisal differs from recomputation; stored explicitly")
         return out
 
-    def add_residual(self, out: EncodedSession, part: str, captured, recomputed, cap) -> None:
-        """Store in `out` what `recomputed` (bit patterns) misses of `captured`, if anything."""
+    def add_residual(
+        self, out: EncodedSession, part: str, captured, recomputed, cap, unrounded=None
+    ) -> None:
+        """Store in `out` what `recomputed` (bit patterns) misses of `captured`, if anything.
+
+        `unrounded(kind, layer)` gives the recompute before its rounding to the capture's
+        dtype; with it an exact residual is modelled on that rounding (`SKR2`), kept where it
+        is smaller than the plain bit-pattern difference (`SKR1`) or the bounded one."""
         from seqkv_codecs.residual import encode_residual
 
         if np.array_equal(captured, recomputed):
@@ -168,6 +175,10 @@ class SessionCodec:
                 return
         else:
             data = encode_residual(captured, recomputed)
+        # an exact residual also keeps any bound: a tolerance never costs more than exact
+        modelled = _rounding_residual(part, captured, cap, unrounded) if unrounded else None
+        if modelled is not None and len(modelled) < len(data):
+            data = modelled
         out.parts[f"residual.{part}"] = data
         out.residual_bytes += len(data)
 
@@ -207,7 +218,29 @@ class SessionCodec:
             )
         track = adapter.finish(track, tokens)
         keys, values = track.kv(adapter.canon.num_layers, DTYPES[entry["dtype"]])
-        return finish_capture(entry, read, tokens, keys, values, track.surprisal)
+        return finish_capture(
+            entry, read, tokens, keys, values, track.surprisal, unrounded=track.unrounded
+        )
+
+
+def _rounding_residual(part: str, captured, cap, unrounded) -> bytes | None:
+    """`part`'s residual modelled on the rounding of the recompute (None where it cannot be)."""
+    from seqkv_codecs.rounding_residual import DTYPES as ROUNDED
+    from seqkv_codecs.rounding_residual import encode_rounding_residual
+
+    dtype = cap.meta["dtype"]
+    _, layer, kind = part.split(".")
+    exact = unrounded(kind, int(layer)).numpy() if dtype in ROUNDED else None
+    if exact is None or exact.shape != captured.shape:
+        return None
+    return encode_rounding_residual(captured, exact, dtype)
+
+
+def _no_recompute(layer: int, kind: str) -> SeqkvError:
+    return SeqkvError(
+        f"residual.layers.{layer}.{kind} is modelled on a recompute this session's codec "
+        "does not make: the file is damaged"
+    )
 
 
 def finish_capture(
@@ -219,6 +252,7 @@ def finish_capture(
     surprisal,
     deferred: dict | None = None,
     residuals: bool = True,
+    unrounded=None,
 ) -> Capture:
     """Recomputed K/V plus the session's stored residuals (and surprisal, when stored).
 
@@ -226,10 +260,15 @@ def finish_capture(
     magnitude to report (`Capture.residual_p95` None).
 
     A residual resting on another session (`SKB1`, trie archives only) is left for the caller
-    in `deferred` ({(kind, layer): (base local index, positions, SKR1 stream)}, also kept on
-    the capture as `.deferred`); without `deferred` one is refused as damage."""
+    in `deferred` ({(kind, layer): (base local index, positions, SKR1/SKR2 stream, the
+    unrounded recompute after those positions for SKR2, else None)}, also kept on
+    the capture as `.deferred`); without `deferred` one is refused as damage. A residual
+    modelled on rounding (`SKR2`) reads `unrounded(kind, layer)`, the recompute before it
+    was rounded to the session's dtype."""
     from seqkv_codecs.errors import CodecError
     from seqkv_codecs.residual import BASED_MAGIC, apply_residual, parse_based
+    from seqkv_codecs.rounding_residual import MAGIC as ROUNDING_MAGIC
+    from seqkv_codecs.rounding_residual import apply_rounding_residual
     from seqkv_codecs.tolerance import MAGIC as TOLERANCE_MAGIC
     from seqkv_codecs.tolerance import apply_tolerance
 
@@ -247,12 +286,22 @@ def finish_capture(
                         "a trie archive's sessions may do: the file is damaged"
                     )
                 try:
-                    deferred[(kind, layer)] = parse_based(data)
+                    base, positions, inner = parse_based(data)
                 except CodecError as exc:
                     raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
+                tail = None  # an SKR2 inner stream reads the recompute after the shared part
+                if inner[:4] == ROUNDING_MAGIC:
+                    if unrounded is None:
+                        raise _no_recompute(layer, kind)
+                    tail = unrounded(kind, layer)[:, positions:].clone()
+                deferred[(kind, layer)] = (base, positions, inner, tail)
                 continue
             if data[:4] == TOLERANCE_MAGIC:
                 bits = apply_tolerance(data, kv_bits(t), entry["dtype"])
+            elif data[:4] == ROUNDING_MAGIC:
+                if unrounded is None:
+                    raise _no_recompute(layer, kind)
+                bits = apply_rounding_residual(data, unrounded(kind, layer).numpy(), entry["dtype"])
             else:
                 bits = apply_residual(data, kv_bits(t))
             tensors[layer] = kv_from_bits(bits, dtype)

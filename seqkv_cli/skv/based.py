@@ -48,7 +48,7 @@ def rest_on(cap, base) -> object:
     from seqkv_codecs.errors import CodecError
     from seqkv_codecs.residual import apply_residual
 
-    for (kind, layer), (_, positions, inner) in sorted(cap.deferred.items()):
+    for (kind, layer), (_, positions, inner, tail) in sorted(cap.deferred.items()):
         mine = (cap.keys if kind == "key" else cap.values)[layer]
         theirs = (base.keys if kind == "key" else base.values)[layer]
         if (
@@ -63,7 +63,10 @@ def rest_on(cap, base) -> object:
             )
         reference = torch.cat([theirs[:, :positions], mine[:, positions:]], dim=1)
         try:
-            bits = apply_residual(inner, kv_bits(reference))
+            if tail is None:
+                bits = apply_residual(inner, kv_bits(reference))
+            else:
+                bits = _apply_rounding(inner, theirs[:, :positions], tail, mine.dtype)
         except CodecError as exc:
             raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
         restored = kv_from_bits(np.ascontiguousarray(bits), mine.dtype)
@@ -72,3 +75,16 @@ def rest_on(cap, base) -> object:
             cap.residual_p95[kind][layer] = residual_p95(reference, restored)
     cap.deferred = {}
     return cap
+
+
+def _apply_rounding(inner: bytes, shared: torch.Tensor, tail: torch.Tensor, dtype) -> np.ndarray:
+    """An SKR2 stream against the base's K/V (exact in float32, so their rounding is the same
+    bits) for the shared positions and this session's unrounded recompute after them."""
+    from seqkv_cli.kvcapture.capture_file import DTYPES
+    from seqkv_codecs.rounding_residual import apply_rounding_residual
+
+    if tail.shape[0::2] != shared.shape[0::2]:
+        raise SeqkvError("the recompute after a shared prefix has another shape")
+    name = next(k for k, v in DTYPES.items() if v == dtype)
+    reference = torch.cat([shared.float(), tail.float()], dim=1).contiguous()
+    return apply_rounding_residual(inner, reference.numpy(), name)

@@ -17,7 +17,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
-from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled
+from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled, unrounded_kv
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
@@ -455,6 +455,9 @@ def _session(run, contents: TrieContents, s: int, entry: dict, read, canon):
         keys, values, surprisal = session_kv(run, rec.end, DTYPES[entry["dtype"]], canon.num_layers)
         tokens = run.all_tokens(rec.end)
         # residuals resting on another session are applied once it is restored (skv.restore)
-        return finish_capture(entry, read, tokens, keys, values, surprisal, deferred={})
+        unrounded = unrounded_kv(run.track.state, run.start + rec.end)
+        return finish_capture(
+            entry, read, tokens, keys, values, surprisal, deferred={}, unrounded=unrounded
+        )
     except SeqkvError as exc:
         return exc

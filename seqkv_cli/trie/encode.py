@@ -16,7 +16,7 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
-from seqkv_cli.sequential.adapter import CanonicalLogits
+from seqkv_cli.sequential.adapter import CanonicalLogits, unrounded_kv
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.sequential.session_codec import EncodedSession, kv_bits
 from seqkv_cli.trie.plan import Trie
@@ -51,20 +51,22 @@ def session_records(sources: list[Source], ends: list[tuple[int, int]]) -> Segme
 
 
 def check_session(
-    coder, build: SegmentBuild, local: int, cap, keys, values, surprisal, base=None
+    coder, build: SegmentBuild, local: int, cap, keys, values, surprisal, base=None, unrounded=None
 ) -> None:
     """Residual of one session against the K/V the trie reproduces, and its stored extras.
 
     `base` = (local index, capture, positions): an earlier session of the segment whose first
     `positions` positions this one shares; a part whose residual is smaller against that
-    session's K/V there (the same bits: llama.cpp slots of one prompt) rests on it (SKB1)."""
+    session's K/V there (the same bits: llama.cpp slots of one prompt) rests on it (SKB1).
+    `unrounded(kind, layer)`: the recompute before rounding to the capture's dtype, which
+    models a residual far better (`SKR2`) where the capture is not canonical."""
     out = EncodedSession({}, 0.0)
     for kind, captured, recomputed in (("key", cap.keys, keys), ("value", cap.values, values)):
         for layer, (a, b) in enumerate(zip(captured, recomputed, strict=True)):
             part = f"layers.{layer}.{kind}"
-            coder.add_residual(out, part, kv_bits(a), kv_bits(b), cap)
+            coder.add_residual(out, part, kv_bits(a), kv_bits(b), cap, unrounded)
             if base is not None:
-                _rest_on_base(out, part, a, b, base, kind, layer)
+                _rest_on_base(out, part, a, b, base, kind, layer, unrounded)
     if surprisal is not None and not torch.equal(surprisal, cap.surprisal.double()):
         out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
         build.notes.append(f"{cap.session_id}: surprisal differs from recomputation; stored")
@@ -76,12 +78,17 @@ def check_session(
 MIN_SHARED_FOR_BASE = 16  # positions: below this a based residual cannot pay its header
 
 
-def _rest_on_base(out: EncodedSession, part: str, captured, recomputed, base, kind, layer):
+def _rest_on_base(
+    out: EncodedSession, part: str, captured, recomputed, base, kind, layer, unrounded=None
+):
     from seqkv_codecs.residual import MAGIC as RESIDUAL_MAGIC
     from seqkv_codecs.residual import encode_based, encode_residual
+    from seqkv_codecs.rounding_residual import DTYPES as ROUNDED
+    from seqkv_codecs.rounding_residual import MAGIC as ROUNDING_MAGIC
+    from seqkv_codecs.rounding_residual import encode_rounding_residual
 
     name = f"residual.{part}"
-    if name not in out.parts or out.parts[name][:4] != RESIDUAL_MAGIC:  # nothing to save on
+    if out.parts.get(name, b"")[:4] not in (RESIDUAL_MAGIC, ROUNDING_MAGIC):  # nothing to save on
         return
     base_local, load_base, positions = base
     base_cap = load_base()
@@ -89,9 +96,16 @@ def _rest_on_base(out: EncodedSession, part: str, captured, recomputed, base, ki
     if theirs.dtype != captured.dtype or theirs.shape[0::2] != captured.shape[0::2]:
         return
     reference = torch.cat([theirs[:, :positions], recomputed[:, positions:]], dim=1)
-    data = encode_based(
-        base_local, positions, encode_residual(kv_bits(captured), kv_bits(reference))
-    )
+    inner = encode_residual(kv_bits(captured), kv_bits(reference))
+    dtype = next((k for k, v in DTYPES.items() if v == captured.dtype), None)
+    if unrounded is not None and dtype in ROUNDED:  # the base's bits are exact in float32
+        exact = torch.cat([theirs[:, :positions].float(), unrounded(kind, layer)[:, positions:]], 1)
+        if exact.shape == captured.shape:
+            modelled = encode_rounding_residual(
+                kv_bits(captured), exact.contiguous().numpy(), dtype
+            )
+            inner = min(inner, modelled, key=len)
+    data = encode_based(base_local, positions, inner)
     if len(data) < len(out.parts.get(name, b"")):
         out.residual_bytes += len(data) - len(out.parts[name])
         out.parts[name] = data
@@ -171,8 +185,17 @@ def encode_model_segment(
             if local in bases and src.coder_for(coder) is coder:
                 b, shared = bases[local]
                 base = (b, functools.cache(sources[b].load), shared)
+            unrounded = unrounded_kv(run.track.state, run.start + end)
             check_session(
-                sources[local].coder_for(coder), build, local, cap, keys, values, surprisal, base
+                sources[local].coder_for(coder),
+                build,
+                local,
+                cap,
+                keys,
+                values,
+                surprisal,
+                base,
+                unrounded,
             )
             if on_progress:
                 on_progress(cap.positions)
@@ -209,7 +232,16 @@ def _encode_member(build, local: int, centroid: int, sources, coder, adapter) ->
     adapter.tracks.clear()
     track = RowStream(adapter, src.tokens).finish()
     keys, values = track.kv(adapter.canon.num_layers, DTYPES[src.meta["dtype"]])
-    check_session(src.coder_for(coder), build, local, src.load(), keys, values, track.surprisal)
+    check_session(
+        src.coder_for(coder),
+        build,
+        local,
+        src.load(),
+        keys,
+        values,
+        track.surprisal,
+        unrounded=track.unrounded,
+    )
     adapter.tracks.clear()
 
 

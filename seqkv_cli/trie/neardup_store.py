@@ -80,4 +80,4 @@ def restore_member(entry: dict, read, centroid_tokens: np.ndarray, canon, finish
         ids = torch.from_numpy(tokens[s : s + PREFILL_CHUNK])
         track.record(ids, canon.forward(track.state, ids))
     keys, values = track.kv(canon.num_layers, DTYPES[entry["dtype"]])
-    return finish(entry, read, tokens, keys, values, track.surprisal)
+    return finish(entry, read, tokens, keys, values, track.surprisal, unrounded=track.unrounded)

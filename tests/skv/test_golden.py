@@ -106,3 +106,21 @@ def test_compact_golden_restores_its_capture_and_is_written_the_same_today(codec
     again = tmp_path / "again.skv"
     compress_captures([capture], again, codec=codec, model=str(SEQ_GOLDEN / "model"))
     assert again.read_bytes() == golden.read_bytes()
+
+
+RESIDUAL_GOLDEN = SEQ_GOLDEN.parent / "residual-skr2-v1"
+
+
+@pytest.mark.parametrize("name", ["seq-trie", "seq-flat"])
+def test_rounding_residual_golden_restores_a_foreign_capture_bit_for_bit(name):
+    """SKR2 parts (a non-canonical capture's residual, modelled on the recompute's rounding)."""
+    from seqkv_cli.skv.compress import same_capture
+
+    with Archive(RESIDUAL_GOLDEN / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+        parts = [s.name for s in arc.reader.sections if "residual." in s.name]
+        assert parts and {arc.reader.read_section(p)[:4] for p in parts} == {b"SKR2"}
+        [entry] = arc.sessions
+        restored = arc.restore(entry)
+    original = load_capture(RESIDUAL_GOLDEN / "captures" / "a.safetensors")
+    assert original.meta["numeric_path"] != "portable-fx53-v1"  # a foreign cache
+    assert same_capture(restored, original)

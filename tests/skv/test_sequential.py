@@ -61,6 +61,9 @@ def test_non_canonical_capture_needs_and_gets_a_lossless_residual(caps, tiny_lm,
     assert res.part_bytes.get("residual", 0) > 0
     [restored] = decompress(tmp_path / "x.skv", tmp_path / "dec", model=tiny_lm)
     assert same_capture(load_capture(plain), load_capture(restored))
+    with Archive(tmp_path / "x.skv", model=tiny_lm) as arc:  # modelled on the rounding
+        parts = [s.name for s in arc.reader.sections if "residual." in s.name]
+        assert b"SKR2" in {arc.reader.read_section(p)[:4] for p in parts}
     with pytest.raises(SeqkvError, match="do not reproduce its own K/V"):
         compress_captures(
             [plain], tmp_path / "y.skv", codec={"id": "seq", "residual": "none"}, model=tiny_lm
@@ -138,7 +141,7 @@ def test_embedded_model_seq_round_trip_is_exact_and_near_log2_ppl(embedded_lm, t
 def test_tolerance_mode_bounds_the_error_and_is_checked(caps, tiny_lm, tmp_path):
     _, plain = caps
     exact = compress_captures([plain], tmp_path / "e.skv", codec="seq", model=tiny_lm)
-    eps = 1e-3
+    eps = 1e-2  # about a bf16 step of the tiny model's K/V: most differences are within it
     res = compress_captures(
         [plain], tmp_path / "t.skv", codec={"id": "seq", "tolerance": eps}, model=tiny_lm
     )

@@ -1,0 +1,151 @@
+"""A foreign cache's residual: what `seq` stores for K/V the canonical path did not compute.
+
+Each text is captured with the embedded model's ordinary transformers forward (float32
+compute, `canonical=False`: the cache a user's own run produces) and stored as bf16, fp16 or
+fp32. `seq` then stores the tokens and the residual that makes restore return that cache bit
+for bit. Reported per case: the share of elements that differ from the canonical recompute,
+the residual as written (`SKR2`, modelled on the recompute's rounding, where it is smaller)
+against the context-free bit-pattern difference (`SKR1`, what seqkv wrote before), both in
+bits per position, and the whole file. With `--verify` (default: the first case only), the
+file is decoded and compared with the capture bit for bit before it is counted.
+
+    python bench/foreign_residual.py --json bench/results/foreign_residual.json \
+        --append docs/BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+
+CASES = [
+    ("prose.txt", "bf16"),
+    ("prose.txt", "fp16"),
+    ("prose.txt", "fp32"),
+    ("sample_code.py", "bf16"),
+]
+
+
+def measure(lm, canon, text: str, dtype: str, tokens: int, folder: Path, verify: bool) -> dict:
+    from seqkv_cli.container import open_container
+    from seqkv_cli.kvcapture.api import capture
+    from seqkv_cli.kvcapture.capture_file import load_capture
+    from seqkv_cli.sequential.session_codec import kv_bits
+    from seqkv_cli.skv.compress import compress_captures, same_capture
+    from seqkv_cli.skv.decompress import decompress
+    from seqkv_codecs.residual import encode_residual
+    from seqkv_codecs.rounding_residual import rounded_bits
+
+    [result] = capture(
+        [str(SAMPLE / text)],
+        model=lm,
+        out=folder / "caps",
+        dtype=dtype,
+        canonical=False,
+        max_tokens=tokens,
+        truncate=True,
+    )
+    cap = load_capture(result.path)
+    n = cap.positions
+    state = canon.new_state(n)
+    canon.forward(state, cap.tokens)
+    differing = elements = plain = 0
+    for layer in range(canon.num_layers):
+        for kind, theirs in ((0, cap.keys[layer]), (1, cap.values[layer])):
+            exact = state.layer_kv(layer)[kind].float().numpy()
+            base = rounded_bits(exact, dtype)
+            bits = kv_bits(theirs)
+            differing += int((bits != base).sum())
+            elements += bits.size
+            if (bits != base).any():
+                plain += len(encode_residual(bits, base))
+    res, seconds = timed(
+        lambda: compress_captures(
+            [result.path], folder / "x.skv", codec="seq", model=lm, check=False, layout="trie"
+        )
+    )
+    written = res.part_bytes.get("residual", 0)
+    with open_container(folder / "x.skv") as reader:
+        kinds = {
+            reader.read_section(s.name)[:4].decode()
+            for s in reader.sections
+            if "residual." in s.name
+        }
+    if verify:
+        [restored] = decompress(folder / "x.skv", folder / "dec", model=lm)
+        if not same_capture(cap, load_capture(restored)):
+            raise SystemExit(f"{text} {dtype}: the restore is not the capture")
+    return {
+        "text": text,
+        "dtype": dtype,
+        "positions": n,
+        "log2_ppl": round(cap.log2_ppl, 4),
+        "differing_share": round(differing / elements, 6),
+        "residual_streams": sorted(kinds),
+        "residual_bits_per_position": round(written * 8 / n, 1),
+        "skr1_bits_per_position": round(plain * 8 / n, 1),
+        "token_bits_per_position": round(res.part_bytes.get("tokens", 0) * 8 / n, 3),
+        "file_bits_per_position": round(res.file_bytes * 8 / n, 1),
+        "verified_bit_exact": verify,
+        "compress_seconds": round(seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--verify-all", action="store_true", help="decode every case")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--append", type=Path)
+    args = parser.parse_args()
+
+    from seqkv_cli.runtime.loading import load_model
+    from seqkv_cli.runtime.numerics import DEFAULT, build_canonical
+
+    lm = load_model()
+    canon = build_canonical(lm.model, DEFAULT)
+    rows = []
+    for i, (text, dtype) in enumerate(CASES):
+        with tempfile.TemporaryDirectory() as tmp:
+            verify = args.verify_all or i == 0
+            rows.append(measure(lm, canon, text, dtype, args.tokens, Path(tmp), verify))
+        print(rows[-1], flush=True)
+    result = {"environment": environment(lm), "command": command_line(), "rows": rows}
+    publish(result, markdown(result), args.json, args.append)
+
+
+def markdown(result: dict) -> str:
+    env = result["environment"]
+    lines = [
+        "### A foreign cache's residual (`bench/foreign_residual.py`)",
+        "",
+        environment_line(env, result["command"]),
+        "",
+        "| text | stored as | positions | log2 PP | elements differing | residual written "
+        "| as `SKR1` | `SKR1` / written | tokens bits/pos | file bits/pos | bit-exact |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['text']} | {r['dtype']} | {r['positions']:,} | {r['log2_ppl']:.3f} "
+            f"| {100 * r['differing_share']:.2f}% "
+            f"| {r['residual_bits_per_position']:,.1f} ({'/'.join(r['residual_streams'])}) "
+            f"| {r['skr1_bits_per_position']:,.1f} "
+            f"| {r['skr1_bits_per_position'] / max(r['residual_bits_per_position'], 1e-9):.2f}x "
+            f"| {r['token_bits_per_position']:.3f} | {r['file_bits_per_position']:,.1f} "
+            f"| {'verified' if r['verified_bit_exact'] else 'not decoded'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

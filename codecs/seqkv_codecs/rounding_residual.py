@@ -1,0 +1,286 @@
+"""Lossless residual modelled on rounding: captured K/V against the recompute *before* it was
+rounded to the stored dtype.
+
+A cache written by another numeric path (the user's own transformers run, llama.cpp) differs
+from the canonical recompute by that path's rounding noise. Whether an element of the stored
+dtype differs depends on two things the decoder can see, because it holds the unrounded
+recompute: how far the recomputed value lies from the nearest rounding boundary of the dtype,
+and how large the noise is against that distance. The noise scales with the row (one head's
+vector at one position), not with the element, so small elements of a row of large ones flip
+often and large ones rarely. Each element's context is therefore
+
+    c = clamp(-exponent(distance to the nearest rounding boundary / max |value| of its row))
+
+(for fp32 caches, which are not rounded, the distance is the element's own spacing). Within
+a context the differences are close to independent, so the stream stores, per context, how
+many elements differ and where (Rice-coded gaps), then each difference as a bucket (rANS) and
+raw low bits. Measured on an fp32-compute transformers cache stored as bf16, 400 prose tokens
+of the embedded model: about 4x smaller than the context-free `SKR1` stream (docs/BENCHMARKS.md).
+
+Every quantity above is computed with exactly rounded float64 operations and `frexp` (no
+transcendental functions, whose last bits differ between libraries), so the encoder and any
+decoder derive the same contexts from the same recompute. Stream layout: docs/FORMAT.md,
+"Exact, modelled on rounding (`SKR2`)".
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.varint import decode_varint, encode_varint
+
+MAGIC = b"SKR2"
+VERSION = 1
+_HEAD = struct.Struct("<4sBBHQQ")  # magic, version, dtype code, reserved, n, nonzero count
+_LEN = struct.Struct("<I")
+DTYPES = ("bf16", "fp16", "fp32")
+_UINT = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
+CONTEXTS = 64  # c in 0..63: the row-relative distance from 2**-63 up to 1 and above
+BUCKETS = 36  # bit lengths 0..35 of zigzag(offset difference), |difference| < 2**33
+
+
+def dtype_of(data: bytes) -> str | None:
+    """The stored dtype an `SKR2` stream was written for (None if it is not one)."""
+    if len(data) < _HEAD.size or data[:4] != MAGIC or data[5] >= len(DTYPES):
+        return None
+    return DTYPES[data[5]]
+
+
+def rounded_bits(recomputed: np.ndarray, dtype: str) -> np.ndarray:
+    """The recompute rounded to `dtype` (round to nearest even), as bit patterns."""
+    from seqkv_codecs.tolerance import to_bits
+
+    with np.errstate(over="ignore"):  # past the dtype's range is inf, as torch rounds it
+        return to_bits(np.ascontiguousarray(recomputed, dtype=np.float32), dtype)
+
+
+def contexts(recomputed: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bits of the rounded recompute, direction of the nearer neighbour (+1/-1, in bit-pattern
+    steps), context 0..63) for every element, flattened."""
+    from seqkv_codecs.tolerance import to_float
+
+    r = np.ascontiguousarray(recomputed, dtype=np.float32)
+    base = rounded_bits(r, dtype)
+    x = r.astype(np.float64)
+    with np.errstate(all="ignore"):  # inf/NaN recomputes land in context 0, on both sides
+        if dtype == "fp32":
+            toward = np.ones(x.shape, np.int64)
+            dist = np.abs(np.spacing(r).astype(np.float64))
+        else:
+            rv = to_float(base, dtype).astype(np.float64)
+            # bit patterns are sign + magnitude: one step up is one step away from zero
+            toward = np.where(np.abs(x) >= np.abs(rv), 1, -1).astype(np.int64)
+            top = np.int64((1 << (8 * base.dtype.itemsize)) - 1)
+            neighbour = np.clip(base.astype(np.int64) + toward, 0, top).astype(base.dtype)
+            boundary = (rv + to_float(neighbour, dtype).astype(np.float64)) / 2
+            dist = np.abs(x - boundary)
+        scale = np.abs(x).max(axis=-1, keepdims=True) if x.ndim and x.shape[-1] else x
+        _, exponent = np.frexp(dist / scale)
+    ctx = np.clip(-exponent.astype(np.int64), 0, CONTEXTS - 1)
+    return base.ravel(), toward.ravel(), ctx.ravel()
+
+
+def encode_rounding_residual(captured: np.ndarray, recomputed: np.ndarray, dtype: str) -> bytes:
+    """`captured`: bit patterns of `dtype` (uint16/uint32); `recomputed`: the float32 recompute
+    of the same shape, before rounding to `dtype`."""
+    from seqkv_codecs.entropy import encode_symbols
+
+    if dtype not in DTYPES:
+        raise ValueError(f"rounding residuals are for {', '.join(DTYPES)}, not {dtype!r}")
+    if captured.shape != recomputed.shape or captured.dtype != _UINT[dtype]:
+        raise ValueError("captured bits and the recompute must have the same shape")
+    base, toward, ctx = contexts(recomputed, dtype)
+    diff = captured.astype(np.int64).ravel() - base.astype(np.int64)
+    nonzero = diff != 0
+    z = int(nonzero.sum())
+    out = [_HEAD.pack(MAGIC, VERSION, DTYPES.index(dtype), 0, diff.size, z)]
+    if not z:
+        return b"".join(out)
+    bits = _BitWriter()
+    counts = bytearray()
+    for c in range(CONTEXTS):
+        where = ctx == c
+        n_c = int(where.sum())
+        if not n_c:
+            continue
+        hits = nonzero[where]
+        k = int(hits.sum())
+        counts += encode_varint(k)
+        _write_positions(bits, hits, n_c, k)
+    u = _zigzag(diff[nonzero] * toward[nonzero] - _offset(dtype))
+    lengths = _bit_length(u)
+    for b in range(2, BUCKETS):  # the bits below each difference's leading one
+        sel = lengths == b
+        if sel.any():
+            bits.fixed(u[sel], b - 1)
+    buckets = encode_symbols(lengths.astype(np.uint8), BUCKETS)
+    out += [_LEN.pack(len(counts)), bytes(counts), _LEN.pack(len(buckets)), buckets]
+    out.append(bits.getvalue())
+    return b"".join(out)
+
+
+def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
+    """Captured bit patterns (shape of `recomputed`) = rounded recompute + the residual."""
+    from seqkv_codecs.entropy import decode_symbols
+
+    if len(data) < _HEAD.size:
+        raise CorruptStreamError("rounding residual shorter than its header")
+    magic, version, code, reserved, n, z = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION or reserved or code >= len(DTYPES):
+        raise CorruptStreamError("not a rounding residual stream of version 1")
+    if DTYPES[code] != dtype:
+        raise CorruptStreamError(f"rounding residual for {DTYPES[code]}, the session is {dtype}")
+    if n != recomputed.size or z > n:
+        raise CorruptStreamError("rounding residual does not match the recomputed K/V")
+    base, toward, ctx = contexts(recomputed, dtype)
+    flat = base.astype(np.int64)
+    if not z:
+        if len(data) != _HEAD.size:
+            raise CorruptStreamError("empty rounding residual has trailing bytes")
+        return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+    counts, pos = _blob(data, _HEAD.size)
+    buckets, pos = _blob(data, pos)
+    bits = _BitReader(data[pos:])
+    nonzero = np.zeros(n, bool)
+    at = 0
+    for c in range(CONTEXTS):
+        where = np.flatnonzero(ctx == c)
+        if not where.size:
+            continue
+        k, at = decode_varint(counts, at)
+        if k > where.size:
+            raise CorruptStreamError("rounding residual counts more differences than elements")
+        nonzero[where] = _read_positions(bits, where.size, k)
+    if at != len(counts) or int(nonzero.sum()) != z:
+        raise CorruptStreamError("rounding residual counts do not add up to its header")
+    lengths = decode_symbols(buckets, max_symbols=z).astype(np.int64)
+    if lengths.shape != (z,) or lengths.max(initial=0) >= BUCKETS:
+        raise CorruptStreamError("rounding residual has the wrong number of differences")
+    u = np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0)
+    for b in range(2, BUCKETS):
+        sel = lengths == b
+        if sel.any():
+            u[sel] |= bits.fixed(int(sel.sum()), b - 1)
+    bits.finish()
+    flat[nonzero] += (_unzigzag(u) + _offset(dtype)) * toward[nonzero]
+    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
+        raise CorruptStreamError("rounding residual moves a value out of range")
+    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+
+
+def _offset(dtype: str) -> int:
+    # a rounded element that differs is most often one step toward its nearer neighbour
+    return 0 if dtype == "fp32" else 1
+
+
+def _zigzag(v: np.ndarray) -> np.ndarray:
+    return np.where(v >= 0, 2 * v, -2 * v - 1)
+
+
+def _unzigzag(u: np.ndarray) -> np.ndarray:
+    return np.where(u % 2 == 0, u // 2, -(u + 1) // 2)
+
+
+def _bit_length(u: np.ndarray) -> np.ndarray:
+    out = np.zeros(u.shape, np.int64)
+    rest = u.copy()
+    while rest.any():
+        out += rest > 0
+        rest >>= 1
+    return out
+
+
+def _rice_parameter(n: int, m: int) -> int:
+    """floor(log2(ln 2 * n / m)): near the best Rice code for gaps of mean n / m."""
+    return max(0, (n * 710 // (1024 * m)).bit_length() - 1)
+
+
+def _write_positions(bits: _BitWriter, hits: np.ndarray, n: int, k: int) -> None:
+    """Where the k hits of n lie: the gaps between the rarer class (hits or misses)."""
+    if k == 0 or k == n:
+        return
+    rare = np.flatnonzero(hits if 2 * k <= n else ~hits)
+    gaps = np.diff(rare, prepend=-1) - 1
+    b = _rice_parameter(n, rare.size)
+    bits.unary(gaps >> b)
+    bits.fixed(gaps & ((1 << b) - 1), b)
+
+
+def _read_positions(bits: _BitReader, n: int, k: int) -> np.ndarray:
+    if k == 0 or k == n:
+        return np.full(n, k == n)
+    m = min(k, n - k)
+    b = _rice_parameter(n, m)
+    gaps = (bits.unary(m) << b) | bits.fixed(m, b)
+    rare = np.cumsum(gaps + 1) - 1
+    if rare[-1] >= n:
+        raise CorruptStreamError("rounding residual points past its context")
+    out = np.zeros(n, bool)
+    out[rare] = True
+    return out if 2 * k <= n else ~out
+
+
+class _BitWriter:
+    """Bits in order, least significant first within a byte."""
+
+    def __init__(self) -> None:
+        self._chunks: list[np.ndarray] = []
+
+    def unary(self, q: np.ndarray) -> None:
+        """Each value q as q zeros and a one."""
+        chunk = np.zeros(int(q.sum()) + q.size, np.uint8)
+        chunk[np.cumsum(q + 1) - 1] = 1
+        self._chunks.append(chunk)
+
+    def fixed(self, values: np.ndarray, width: int) -> None:
+        """Each value's low `width` bits, least significant first."""
+        if width:
+            shifts = np.arange(width, dtype=np.int64)
+            self._chunks.append(((values[:, None] >> shifts) & 1).astype(np.uint8).ravel())
+
+    def getvalue(self) -> bytes:
+        bits = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.uint8)
+        return np.packbits(bits, bitorder="little").tobytes()
+
+
+class _BitReader:
+    def __init__(self, data: bytes) -> None:
+        self._bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
+        self._pos = 0
+
+    def unary(self, m: int) -> np.ndarray:
+        ones = np.flatnonzero(self._bits[self._pos :])[:m]
+        if ones.size < m:
+            raise CorruptStreamError("rounding residual bits end inside a gap")
+        out = np.diff(ones, prepend=-1) - 1
+        self._pos += int(ones[-1]) + 1
+        return out.astype(np.int64)
+
+    def fixed(self, m: int, width: int) -> np.ndarray:
+        if not width:
+            return np.zeros(m, np.int64)
+        end = self._pos + m * width
+        if end > self._bits.size:
+            raise CorruptStreamError("rounding residual bits end early")
+        chunk = self._bits[self._pos : end].reshape(m, width).astype(np.int64)
+        self._pos = end
+        return (chunk << np.arange(width, dtype=np.int64)).sum(axis=1)
+
+    def finish(self) -> None:
+        """The stream ends in its last byte, padded with zero bits."""
+        rest = self._bits[self._pos :]
+        if rest.size >= 8 or rest.any():
+            raise CorruptStreamError("rounding residual has trailing bits")
+
+
+def _blob(data: bytes, pos: int) -> tuple[bytes, int]:
+    if pos + _LEN.size > len(data):
+        raise CorruptStreamError("rounding residual truncated")
+    (length,) = _LEN.unpack_from(data, pos)
+    end = pos + _LEN.size + length
+    if end > len(data):
+        raise CorruptStreamError("rounding residual truncated")
+    return data[pos + _LEN.size : end], end
