@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from seqkv_cli.errors import SeqkvError
-
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES
 
 
 def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

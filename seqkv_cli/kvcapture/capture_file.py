@@ -20,6 +20,7 @@ from seqkv_cli.fsutil import atomic_path
 CAPTURE_FORMAT = "seqkv.capture"
 CAPTURE_VERSION = 1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}  # torch dtype -> the name files store
 MAX_TOKEN_ID = 2**32 - 1  # containers store token ids as <u4
 _COUNTS = ("positions", "num_layers", "num_kv_heads", "head_dim")
 

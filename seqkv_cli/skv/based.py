@@ -80,11 +80,10 @@ def rest_on(cap, base) -> object:
 def _apply_rounding(inner: bytes, shared: torch.Tensor, tail: torch.Tensor, dtype) -> np.ndarray:
     """An SKR2 stream against the base's K/V (exact in float32, so their rounding is the same
     bits) for the shared positions and this session's unrounded recompute after them."""
-    from seqkv_cli.kvcapture.capture_file import DTYPES
+    from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES
     from seqkv_codecs.rounding_residual import apply_rounding_residual
 
     if tail.shape[0::2] != shared.shape[0::2]:
         raise SeqkvError("the recompute after a shared prefix has another shape")
-    name = next(k for k, v in DTYPES.items() if v == dtype)
     reference = torch.cat([shared.float(), tail.float()], dim=1).contiguous()
-    return apply_rounding_residual(inner, reference.numpy(), name)
+    return apply_rounding_residual(inner, reference.numpy(), DTYPE_NAMES[dtype])

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.kvcapture.capture_file import DTYPES
+from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES, DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits, unrounded_kv
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.sequential.session_codec import EncodedSession, kv_bits
@@ -97,7 +97,7 @@ def _rest_on_base(
         return
     reference = torch.cat([theirs[:, :positions], recomputed[:, positions:]], dim=1)
     inner = encode_residual(kv_bits(captured), kv_bits(reference))
-    dtype = next((k for k, v in DTYPES.items() if v == captured.dtype), None)
+    dtype = DTYPE_NAMES.get(captured.dtype)
     if unrounded is not None and dtype in ROUNDED:  # the base's bits are exact in float32
         exact = torch.cat([theirs[:, :positions].float(), unrounded(kind, layer)[:, positions:]], 1)
         if exact.shape == captured.shape:
