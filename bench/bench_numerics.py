@@ -1,10 +1,11 @@
-"""Portable vs legacy numerics on the embedded model: bits, K/V error, speed.
+"""Portable (v2, v1) vs legacy numerics on the embedded model: bits, K/V error, speed.
 
-    python bench/bench_numerics.py --threads 2 [--json out.json]
+    python bench/bench_numerics.py --threads 2 [--sections texts,speed] [--json out.json]
 
 * bits: token cross-entropy under each path vs the float model (transformers eager fp32) on
   sample_data texts of >= 1,000 tokens (prose + code, and the agent snapshots);
-* K/V error of each canonical path vs an ordinary transformers fp32 forward (max relative);
+* K/V error of each canonical path vs an ordinary transformers fp32 forward (max relative),
+  and the share of bf16 K/V elements that differ from the model run in float64;
 * speed: prefill of 256 tokens, one-token steps (median of 24), 8 sequences stepped as rows.
 Run it alone: on 2 cores a neighbour's load is measured too.
 """
@@ -12,6 +13,7 @@ Run it alone: on 2 cores a neighbour's load is measured too.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -56,6 +58,16 @@ def float_logits_and_kv(model, ids):
     return logits[0].float(), kv
 
 
+def bf16_differing(kv, truth) -> float:
+    """Share of K/V elements whose bf16 rounding differs from the float64 run's."""
+    differ = total = 0
+    for layer, ref in zip(kv, truth, strict=True):
+        for got, want in zip(layer, ref, strict=True):
+            differ += int((got.bfloat16() != want.bfloat16()).sum())
+            total += got.numel()
+    return differ / total
+
+
 def speed(canon, ids) -> dict[str, float]:
     state = canon.new_state(len(ids) + 40)
     t = time.perf_counter()
@@ -84,21 +96,25 @@ def speed(canon, ids) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sections", default="texts,speed")
     parser.add_argument("--json")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     torch.set_num_threads(args.threads)
 
     from seqkv_cli.kvcapture.engine import canonical_model
     from seqkv_cli.runtime.loading import load_model
-    from seqkv_cli.runtime.numerics import LEGACY, PORTABLE
+    from seqkv_cli.runtime.numerics import LEGACY, PORTABLE, PORTABLE_V1
 
     lm = load_model()
     result: dict = {"threads": args.threads, "texts": {}, "speed": {}}
     docs = texts(lm)
-    for name, ids in docs.items():
+    for name, ids in docs.items() if "texts" in sections else ():
         ref_logits, ref_kv = float_logits_and_kv(lm.model, ids)
+        _, truth = float_logits_and_kv(copy.deepcopy(lm.model).double(), ids)
         row = {"tokens": len(ids), "float": bits_per_token(ref_logits, ids)}
-        for path in (PORTABLE, LEGACY):
+        row["fp32 bf16_differ_vs_fp64"] = bf16_differing(ref_kv, truth)
+        for path in (PORTABLE, PORTABLE_V1, LEGACY):
             canon = canonical_model(lm, path)
             state = canon.new_state(len(ids))
             logits = torch.cat(
@@ -110,10 +126,12 @@ def main() -> None:
                 for i in range(canon.num_layers)
                 for j in (0, 1)
             )
+            kv = [state.layer_kv(i) for i in range(canon.num_layers)]
+            row[f"{path} bf16_differ_vs_fp64"] = bf16_differing(kv, truth)
         result["texts"][name] = row
         print(name, json.dumps(row), flush=True)
     ids = docs["prose+code"]
-    for path in (LEGACY, PORTABLE):
+    for path in (LEGACY, PORTABLE_V1, PORTABLE) if "speed" in sections else ():
         result["speed"][path] = speed(canonical_model(lm, path), ids)
         print(path, json.dumps(result["speed"][path]), flush=True)
     if args.json:

@@ -52,7 +52,8 @@ NumericsOption = Annotated[
     str,
     typer.Option(
         help="Canonical numeric path: 'portable' (same bits on any machine, thread count or "
-        "device; the default) or 'legacy' (the earlier fp32 forward: same machine class only).",
+        "device; the default, portable-fx53-v2), 'portable-v1' (seqkv 0.2.0's first version) "
+        "or 'legacy' (the earlier fp32 forward: same machine class only).",
     ),
 ]
 

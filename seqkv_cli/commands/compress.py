@@ -12,7 +12,6 @@ from seqkv_cli.commands._common import console, err_console, handle_errors, huma
 from seqkv_cli.commands.capture import (
     DeviceOption,
     ModelOption,
-    NumericsOption,
     ThreadsOption,
     restore_bar,
     token_progress,
@@ -86,7 +85,14 @@ def compress_command(
             "small edit as edits of it (docs/BENCHMARKS.md, near-duplicate prefixes).",
         ),
     ] = False,
-    numerics: NumericsOption = "portable",
+    numerics: Annotated[
+        str | None,
+        typer.Option(
+            help="Canonical numeric path of seq/seq-fast: 'portable' (portable-fx53-v2), "
+            "'portable-v1' or 'legacy'. Default: the portable path the captures were made on, "
+            "else 'portable'.",
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -152,7 +158,9 @@ def compress_command(
     if caps is not None and caps.takes_residual:
         from seqkv_cli.runtime.numerics import resolve
 
-        spec = {"id": codec, "residual": residual, "numerics": resolve(numerics)}
+        spec = {"id": codec, "residual": residual}
+        if numerics is not None:  # else the captures' own portable path (compress_captures)
+            spec["numerics"] = resolve(numerics)
         if tolerance is not None:
             spec["tolerance"] = tolerance
     elif tolerance is not None:

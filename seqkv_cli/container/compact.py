@@ -36,6 +36,7 @@ from seqkv_cli.container.openfile import OpenFile
 from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
 
 COMPACT_MINOR = 2  # format 1.2 added this layout
+V2_MINOR = 3  # 1.3 added the portable-fx53-v2 codes: a 1.2 reader asks for an upgrade
 LAYOUT_COMPACT = 1  # byte 12: 0 would be the full layout's reserved (zero) word
 _FIXED = struct.Struct("<8sHHBB8sB")  # magic, major, minor, layout, pipeline, fingerprint, kinds
 FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
@@ -43,9 +44,15 @@ FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
 # Enumerations (docs/FORMAT.md): a value's position is its code. Appending is a minor change.
 CODECS = ("seq", "seq-fast")
 RESIDUALS = ("lossless", "none")
-NUMERICS = ("portable-fx53-v1", "canonical-fp32-rb8-kb256-v1")
+NUMERICS = ("portable-fx53-v1", "canonical-fp32-rb8-kb256-v1", "portable-fx53-v2")
 DTYPES = ("bf16", "fp16", "fp32")
-CAPTURE_PATHS = ("portable-fx53-v1", "canonical-fp32-rb8-kb256-v1", "user-cache", "unknown")
+CAPTURE_PATHS = (
+    "portable-fx53-v1",
+    "canonical-fp32-rb8-kb256-v1",
+    "user-cache",
+    "unknown",
+    "portable-fx53-v2",
+)
 PRECISION_BITS, CHUNK_SIZE = 24, 1024  # the only pipeline parameters this layout can hold
 
 TOKENS_SECTION = "t1/tokens"  # how the one payload is named to readers of the trie layout
@@ -144,11 +151,12 @@ def encode_compact(session: CompactSession, payload: bytes) -> bytes:
         | NUMERICS.index(session.numerics) << 2
     )
     kinds = DTYPES.index(session.dtype) | CAPTURE_PATHS.index(session.numeric_path) << 4
+    newer = "portable-fx53-v2" in (session.numerics, session.numeric_path)
     head = bytearray(
         _FIXED.pack(
             MAGIC,
             FORMAT_MAJOR,
-            COMPACT_MINOR,
+            V2_MINOR if newer else COMPACT_MINOR,
             LAYOUT_COMPACT,
             pipeline,
             bytes.fromhex(session.fingerprint),
@@ -298,7 +306,7 @@ class CompactReader(OpenFile):
         self.compact = CompactSession(
             codec=CODECS[pipeline & 1],
             residual=RESIDUALS[pipeline >> 1 & 1],
-            numerics=NUMERICS[pipeline >> 2 & 1],
+            numerics=NUMERICS[pipeline >> 2 & 3],
             fingerprint=fingerprint.hex(),
             session_id=session_id,
             positions=positions,
@@ -358,7 +366,7 @@ class CompactReader(OpenFile):
 
 
 def _bad_codes(pipeline: int, kinds: int) -> str | None:
-    if pipeline >> 3:
+    if pipeline >> 4 or (pipeline >> 2 & 3) >= len(NUMERICS):
         return f"unknown pipeline bits 0x{pipeline:02x}"
     if (kinds & 0xF) >= len(DTYPES):
         return f"unknown dtype code {kinds & 0xF}"

@@ -16,9 +16,10 @@ import google_crc32c
 MAGIC = b"\x89SKV\r\n\x1a\n"
 FORMAT_MAJOR = 1
 # 1.1 added trie archives (header key "trie"), 1.2 the compact single-session layout
-# (container/compact.py). Full-layout files are still written as 1.1, which they are: a 1.1
-# seqkv can append to them. FORMAT_MINOR is the newest minor this seqkv reads.
-FORMAT_MINOR = 2
+# (container/compact.py), 1.3 compact codes for the portable-fx53-v2 numeric path. Full-layout
+# files are still written as 1.1, which they are: a 1.1 seqkv can append to them.
+# FORMAT_MINOR is the newest minor this seqkv reads.
+FORMAT_MINOR = 3
 FULL_LAYOUT_MINOR = 1
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
 SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc

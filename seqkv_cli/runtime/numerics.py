@@ -3,9 +3,11 @@
 A model-coded stream (``seq``, ``seq-fast``) decodes only under the forward that encoded it,
 so the codec config names its path and a decoder that cannot honour it refuses:
 
-* ``portable-fx53-v1`` (default for new files): the model's own transformers code run under
+* ``portable-fx53-v2`` (default for new files): the model's own transformers code run under
   the portable definition (`runtime.portable`): the same bits on any IEEE machine, thread
-  count, ISA level, BLAS or device.
+  count, ISA level, BLAS or device; activations carry two fixed-point integers per product.
+* ``portable-fx53-v1`` (seqkv 0.2.0): the same with one integer per activation, ~12x further
+  from the float model's K/V; files written with it keep decoding on it.
 * ``canonical-fp32-rb8-kb256-v1`` (legacy): the lean fp32 Llama forward of earlier versions.
   Bit-exact only on the machine class that wrote the file (same ISA, BLAS and thread split);
   kept so that older files decode, never written by default.
@@ -21,15 +23,18 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 
-PORTABLE = "portable-fx53-v1"
+PORTABLE = "portable-fx53-v2"
+PORTABLE_V1 = "portable-fx53-v1"
 LEGACY = "canonical-fp32-rb8-kb256-v1"
 DEFAULT = PORTABLE
+PORTABLE_PATHS = (PORTABLE, PORTABLE_V1)
 PATHS = {
     PORTABLE: "portable: same bits on any IEEE machine, thread count, ISA, BLAS or device",
+    PORTABLE_V1: "portable, first version (seqkv 0.2.0): one integer per activation",
     LEGACY: "legacy fp32 forward: same machine class only (llama, mistral, qwen2)",
 }
 
-ALIASES = {"portable": PORTABLE, "legacy": LEGACY}
+ALIASES = {"portable": PORTABLE, "portable-v1": PORTABLE_V1, "legacy": LEGACY}
 
 
 def resolve(name: str | None) -> str:
@@ -39,7 +44,8 @@ def resolve(name: str | None) -> str:
     path = ALIASES.get(name, name)
     if path not in PATHS:
         raise SeqkvError(
-            f"unknown numeric path {name!r}; choose portable ({PORTABLE}) or legacy ({LEGACY})"
+            f"unknown numeric path {name!r}; choose portable ({PORTABLE}), portable-v1 "
+            f"({PORTABLE_V1}) or legacy ({LEGACY})"
         )
     return path
 
@@ -56,10 +62,10 @@ def check_path(path: str) -> str:
 def build_canonical(hf_model, path: str = DEFAULT):
     """The canonical forward of `hf_model` on `path` (refuses an unknown path)."""
     check_path(path)
-    if path == PORTABLE:
+    if path in PORTABLE_PATHS:
         from seqkv_cli.runtime.portable.model import PortableLM
 
-        return PortableLM(hf_model)
+        return PortableLM(hf_model, path)
     from seqkv_cli.runtime.canonical import CanonicalLM, check_row_invariance
     from seqkv_cli.runtime.devices import model_device
 
@@ -84,15 +90,17 @@ def support(hf_model) -> dict[str, str]:
     The portable path is probed for real: 6 tokens prefilled and stepped must agree bit for bit.
     """
     out = {}
-    try:
-        canon = build_canonical(hf_model, PORTABLE)
-        ids = torch.arange(6) % canon.vocab_size
-        a, b = canon.new_state(6), canon.new_state(6)
-        whole = canon.forward(a, ids)
-        steps = torch.cat([canon.forward(b, ids[i : i + 1]) for i in range(6)])
-        out[PORTABLE] = "yes" if torch.equal(whole, steps) else "no: prefill and stepping differ"
-    except SeqkvError as exc:
-        out[PORTABLE] = f"no: {exc}"
+    for path in PORTABLE_PATHS:
+        try:
+            canon = build_canonical(hf_model, path)
+            ids = torch.arange(6) % canon.vocab_size
+            a, b = canon.new_state(6), canon.new_state(6)
+            whole = canon.forward(a, ids)
+            steps = torch.cat([canon.forward(b, ids[i : i + 1]) for i in range(6)])
+            same = torch.equal(whole, steps)
+            out[path] = "yes" if same else "no: prefill and stepping differ"
+        except SeqkvError as exc:
+            out[path] = f"no: {exc}"
     from seqkv_cli.runtime.canonical import SUPPORTED_TYPES
 
     model_type = getattr(hf_model.config, "model_type", "?")

@@ -19,16 +19,22 @@ from seqkv_cli.skv.result import CompressResult
 LAYOUTS = ("auto", "trie", "flat", "compact")
 
 
-def _with_default_numerics(codec: str | dict) -> str | dict:
-    """A config that names no numeric path is written on the default one: only reading keeps
-    the old meaning of a missing `numerics` (files from before it existed: legacy)."""
-    from seqkv_cli.runtime.numerics import DEFAULT
+def _with_default_numerics(codec: str | dict, paths=()) -> str | dict:
+    """A config that names no numeric path is written on the portable path the captures were
+    made on (so they stay canonical: no residual), else on the default. Only reading keeps the
+    old meaning of a missing `numerics` (files from before it existed: legacy)."""
+    from seqkv_cli.kvcapture.capture_file import load_capture_meta
+    from seqkv_cli.runtime.numerics import DEFAULT, PORTABLE_PATHS
     from seqkv_cli.sequential.registry import session_codec_class
 
+    if isinstance(codec, str) and session_codec_class(codec) is not None:
+        codec = {"id": codec}
     if isinstance(codec, dict) and "numerics" not in codec:
         cls = session_codec_class(codec.get("id"))
         if cls is not None and cls.takes_residual:  # the recomputing codecs, which have paths
-            return {**codec, "numerics": DEFAULT}
+            made_on = {load_capture_meta(p).get("numeric_path") for p in paths}
+            path = made_on.pop() if len(made_on) == 1 else None
+            return {**codec, "numerics": path if path in PORTABLE_PATHS else DEFAULT}
     return codec
 
 
@@ -62,7 +68,7 @@ def compress_captures(
     refuse_output_in_inputs(Path(out), [Path(p) for p in paths])  # the library path too
     if layout not in LAYOUTS:
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-    coder = resolve_codec(_with_default_numerics(codec))
+    coder = resolve_codec(_with_default_numerics(codec, paths))
     caps = capabilities(coder)
     if layout == "compact" and (coder.codec_id not in COMPACT_CODECS or len(paths) != 1):
         what = f"{len(paths)} sessions" if len(paths) != 1 else f"codec {coder.codec_id}"

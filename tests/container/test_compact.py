@@ -188,7 +188,12 @@ def test_the_forged_baseline_itself_opens(tmp_path):
 
 @pytest.mark.parametrize(
     "pipeline, kinds, message",
-    [(0x08, 0x00, "unknown pipeline bits"), (0x00, 0x03, "unknown dtype"), (0, 0x40, "path")],
+    [
+        (0x0C, 0x00, "unknown pipeline bits"),  # numerics code 3
+        (0x10, 0x00, "unknown pipeline bits"),
+        (0x00, 0x03, "unknown dtype"),
+        (0, 0x50, "path"),
+    ],
 )
 def test_unknown_codes_are_refused(tmp_path, pipeline, kinds, message):
     head = bytearray(bytes.fromhex("89534b560d0a1a0a0100020001 00 c821f1a1b4d9b677 00"))
@@ -199,10 +204,10 @@ def test_unknown_codes_are_refused(tmp_path, pipeline, kinds, message):
 
 def test_a_newer_minor_and_an_unknown_layout_ask_for_an_upgrade(tmp_path):
     data = bytearray(encode_compact(session(), PAYLOAD))
-    data[10] = 3  # format 1.3
-    with pytest.raises(UnsupportedVersionError, match=r"format 1\.3\); upgrade seqkv"):
+    data[10] = 4  # format 1.4
+    with pytest.raises(UnsupportedVersionError, match=r"format 1\.4\); upgrade seqkv"):
         open_container(write(tmp_path, bytes(data)))
-    data[12] = 7  # a layout this seqkv does not know, in a 1.3 file
+    data[12] = 7  # a layout this seqkv does not know, in a 1.4 file
     with pytest.raises(UnsupportedVersionError, match="upgrade seqkv"):
         open_container(write(tmp_path, bytes(data)))
 
@@ -229,3 +234,13 @@ def test_the_file_is_exactly_what_docs_format_md_specifies():
         b"PAYLOAD"
     ).to_bytes(4, "little")
     assert len(data) - len(b"PAYLOAD") == 43  # the fixed cost of a one-character id
+
+
+def test_v2_numerics_are_format_1_3_and_v1_files_stay_1_2(tmp_path):
+    """A 1.2 reader must ask for an upgrade instead of misreading the new numerics codes."""
+    v2 = session(numerics="portable-fx53-v2", numeric_path="portable-fx53-v2")
+    data = encode_compact(v2, PAYLOAD)
+    assert data[10] == 3 and data[13] >> 2 & 3 == 2 and data[22] >> 4 == 4
+    with open_container(write(tmp_path, data)) as reader:
+        assert reader.compact == v2 and reader.version == (1, 3)
+    assert encode_compact(session(), PAYLOAD)[10] == 2

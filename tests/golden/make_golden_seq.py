@@ -3,8 +3,9 @@
 Model-coded files need the exact model: the tiny random model is stored beside them (so the
 goldens do not depend on torch's random generator), with the capture they restore to. Never
 re-run this to make a failing golden test pass; a new numeric path gets new goldens beside the
-old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR [NUMERICS]
-(seq-v1/ was written by de81bf6 on the legacy path; seq-portable-v1/ on portable-fx53-v1.)
+old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR [NUMERICS [MODEL_DIR]]
+(seq-v1/ was written by de81bf6 on the legacy path; seq-portable-v1/ on portable-fx53-v1;
+seq-portable-v2/ on portable-fx53-v2 with MODEL_DIR tests/golden/seq-v1/model.)
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ TEXT = (
 FILES = {"seq-trie": ("seq", "trie"), "seq-flat": ("seq", "flat"), "seq-fast": ("seq-fast", "trie")}
 
 
-def main(out: Path, numerics: str | None = None) -> None:
+def main(out: Path, numerics: str | None = None, model: Path | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    model = build_tiny_model(out / "model", seed=7)  # seq-portable-v1 reads ../seq-v1/model
+    if model is None:  # seq-portable-v1 reads ../seq-v1/model
+        model = build_tiny_model(out / "model", seed=7)
     (out / "a.txt").write_text(TEXT * 2)
     (out / "b.txt").write_text(TEXT + "A second session branches off here.")
     inputs = [str(out / "a.txt"), str(out / "b.txt")]
@@ -46,4 +48,5 @@ def main(out: Path, numerics: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    args = sys.argv[1:] + [None] * (3 - len(sys.argv[1:]))
+    main(Path(args[0]), args[1], Path(args[2]) if args[2] else None)

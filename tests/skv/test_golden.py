@@ -69,18 +69,20 @@ def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
 PORTABLE_GOLDEN = SEQ_GOLDEN.parent / "seq-portable-v1"
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("name", sorted(SEQ_FILES))
-def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
-    """Files of portable-fx53-v1 (same tiny model as seq-v1): the definition never drifts."""
+def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name, version):
+    """Files of portable-fx53-v1 and -v2 (same tiny model as seq-v1): no definition drifts."""
     from seqkv_cli.skv.compress import same_capture
 
-    with Archive(PORTABLE_GOLDEN / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
-        assert arc.codec.numerics == "portable-fx53-v1"
+    golden = SEQ_GOLDEN.parent / f"seq-portable-{version}"
+    with Archive(golden / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.codec.numerics == f"portable-fx53-{version}"
         restored = {e["id"]: arc.restore(e) for e in arc.sessions}
     assert sorted(restored) == ["a", "b"]
     for sid, cap in restored.items():
-        original = load_capture(PORTABLE_GOLDEN / "captures" / f"{sid}.safetensors")
-        assert original.meta["numeric_path"] == "portable-fx53-v1"
+        original = load_capture(golden / "captures" / f"{sid}.safetensors")
+        assert original.meta["numeric_path"] == f"portable-fx53-{version}"
         assert same_capture(cap, original)
 
 

@@ -36,7 +36,14 @@ class PortableState:
     """
 
     def __init__(
-        self, num_layers, kv_heads, head_dim, capacity, bits: tuple[int, int, int], device=None
+        self,
+        num_layers,
+        kv_heads,
+        head_dim,
+        capacity,
+        bits: tuple[int, int, int],
+        device=None,
+        limbs: int = 1,
     ):
         shape = (num_layers, kv_heads, capacity, head_dim)
         on = {"device": device or "cpu"}
@@ -49,6 +56,7 @@ class PortableState:
         # Fixed by the model (head size, context), never by this state's capacity.
         self.bits = bits
         self.key_bits, self.value_bits, self.prob_bits = bits
+        self.limbs = limbs  # integers per query / weight row (the definition's version)
         self.capacity = capacity
         self.length = 0
         self.pending = 0  # positions being written by the call in progress
@@ -64,7 +72,7 @@ class PortableState:
         if length > self.length:
             raise SeqkvError(f"cannot fork at {length}: the state holds {self.length} positions")
         layers, heads, _, hd = self.keys.shape
-        out = PortableState(layers, heads, hd, capacity, self.bits, self.keys.device)
+        out = PortableState(layers, heads, hd, capacity, self.bits, self.keys.device, self.limbs)
         for name in ("keys", "values", "kq", "vq", "ek", "ev"):
             getattr(out, name)[:, :, :length] = getattr(self, name)[:, :, :length]
         out.length = length
@@ -136,7 +144,6 @@ def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
     p0 = state.length
     n = p0 + m
     qg = q.float().reshape(kvh, groups, m, hd).reshape(kvh, groups * m, hd)
-    qq, eq = exact.quantize_rows(qg, state.key_bits)
     kq, ek = state.kq[layer, :, :n], state.ek[layer, :, :n]
     vq, ev = state.vq[layer, :, :n], state.ev[layer, :, :n]
     on = {"device": q.device}
@@ -146,7 +153,7 @@ def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         rows = torch.arange(s, min(m, s + QUERY_BLOCK), **on)
         sel = (torch.arange(groups, **on)[:, None] * m + rows[None, :]).reshape(-1)
         qpos = (p0 + rows).repeat(groups)
-        scores = exact.fixed_matmul(qq[:, sel], eq[:, sel], kq, ek) * scaling
+        scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.limbs) * scaling
         if softcap is not None:
             scores = exact.tanh(scores / softcap) * softcap
         visible = key_pos[None, :] <= qpos[:, None]
@@ -157,8 +164,19 @@ def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         num = torch.round(e * 2.0**state.prob_bits)  # exact sum below 2**53
         total = num.sum(dim=-1, keepdim=True)
         weights = exact.scale(num, ev.transpose(-1, -2))  # fold each key's value scale in
-        wq, ew = exact.quantize_rows(weights, state.value_bits)
-        acc = exact.scale(torch.matmul(wq, vq), ew)
+        acc = _weighted_values(weights, vq, state.value_bits, state.limbs)
         parts.append((acc / total).view(kvh, groups, len(rows), hd))
     out = torch.cat(parts, dim=2)  # (kvh, groups, m, hd)
     return out.reshape(heads, m, hd).transpose(0, 1)
+
+
+def _weighted_values(weights, vq, bits: int, limbs: int) -> torch.Tensor:
+    """Exact ``weights @ V``: weights (.., rows, keys) with each key's scale folded in, quantized
+    per row (one integer per element, or two: see `exact.split_rows`); vq (.., keys, hd)."""
+    if limbs == 1:
+        wq, ew = exact.quantize_rows(weights, bits)
+        return exact.scale(torch.matmul(wq, vq), ew)
+    w1, w2, ew = exact.split_rows(weights, bits)
+    rows = w1.shape[-2]
+    s = torch.matmul(torch.cat([w1, w2], dim=-2), vq)
+    return exact.scale(s[..., :rows, :], ew) + exact.scale(s[..., rows:, :], ew - bits)

@@ -9,6 +9,10 @@ them:
   scale, ``x = X · 2^e``, small enough that every partial sum stays below 2^53. Then an fp64
   product of the integers is exact in any summation order, on any BLAS, thread count or GPU,
   and scaling back by powers of two is exact too: one rounding to the output dtype remains.
+  Version 2 of the definition splits the left (activation) operand into two such integers,
+  ``x ≈ (X1 + X2 · 2^-b) · 2^e``: two exact products and one correctly rounded fp64 add, with
+  twice the activation bits (the activations' quantization was what set the error; v1 keeps
+  one).
 * **Transcendentals from polynomials.** ``exp``, ``log``, ``sin``, ``cos`` and what is built
   on them are range-reduced and evaluated with separate fp64 ``mul``/``add`` kernels (no fused
   multiply-add can change a bit), so they do not depend on a math library.
@@ -26,6 +30,9 @@ import math
 import torch
 
 NUMERIC_PATH = "portable-fx53-v1"
+NUMERIC_PATH_V2 = "portable-fx53-v2"
+# Integers per left operand of every product, per version of the definition.
+LIMBS = {NUMERIC_PATH: 1, NUMERIC_PATH_V2: 2}
 MANTISSA = 53  # fp64 holds every integer of magnitude <= 2**53 exactly
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
@@ -83,15 +90,45 @@ def fixed_matmul(
     return scale(s, ex + ew.transpose(-1, -2))  # one exact power of two (see quantize_rows)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def split_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x ≈ (X1 + X2 · 2**-bits) · 2**e`` per last-axis row: X1 as `quantize_rows`, X2 its
+    rounded remainder (|X2| <= 2**(bits-1)), so a row keeps twice the bits.
+
+    The remainder ``x - X1 · 2**e`` is exact: both terms are multiples of x's own ulp (or X1
+    is 0 or ±1 and x within a factor 2 of 2**e), and it is at most 2**(e-1).
+    """
+    a = f64(x)
+    x1, e = quantize_rows(a, bits)
+    x2 = torch.round(scale(a - scale(x1, e), bits - e))
+    return x1, x2, e
+
+
+def fixed_product(
+    x: torch.Tensor, bits: int, wq: torch.Tensor, ew: torch.Tensor, limbs: int = 1
+) -> torch.Tensor:
+    """Exact-per-limb fp64 ``x @ (W · 2^ew)ᵀ``: x (.., M, K) quantized here, wq (.., N, K).
+
+    With two limbs both integers of a row go through one product (rows M..2M are the
+    remainders), and their scaled results meet in one correctly rounded fp64 add.
+    """
+    if limbs == 1:
+        xq, ex = quantize_rows(x, bits)
+        return fixed_matmul(xq, ex, wq, ew)
+    x1, x2, ex = split_rows(x, bits)
+    m = x1.shape[-2]
+    s = torch.matmul(torch.cat([x1, x2], dim=-2), wq.transpose(-1, -2))
+    e = ex + ew.transpose(-1, -2)  # >= -969 (quantize_rows' clamp): 2**(e - bits) is normal
+    return scale(s[..., :m, :], e) + scale(s[..., m:, :], e - bits)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, limbs: int = 1) -> torch.Tensor:
     """``a @ b`` (batched like torch.matmul) in the portable definition, fp64 result."""
     k = a.shape[-1]
     if k == 1:  # an outer product: one correctly rounded multiplication per element
         return a.to(torch.float64) * b.to(torch.float64)
     bits = contraction_bits(k)
-    xq, ex = quantize_rows(a, bits)
     wq, ew = quantize_rows(b.transpose(-1, -2), bits)
-    return fixed_matmul(xq, ex, wq, ew)
+    return fixed_product(a, bits, wq, ew, limbs)
 
 
 def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:

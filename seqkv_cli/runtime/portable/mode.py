@@ -171,12 +171,14 @@ def _is_float(x) -> bool:
 
 
 class PortableMode(TorchDispatchMode):
-    """Runs inside ``with PortableMode(weights):``; ``weights`` caches quantized parameters."""
+    """Runs inside ``with PortableMode(weights):``; ``weights`` caches quantized parameters,
+    ``limbs`` is the definition's integers per activation operand (`exact.LIMBS`)."""
 
-    def __init__(self, weights: WeightCache, model_type: str = "?") -> None:
+    def __init__(self, weights: WeightCache, model_type: str = "?", limbs: int = 1) -> None:
         super().__init__()
         self.weights = weights
         self.model_type = model_type
+        self.limbs = limbs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -228,9 +230,8 @@ def _matmul(mode: PortableMode, a: torch.Tensor, b: torch.Tensor, dtype) -> torc
     if k == 1:
         return exact.matmul(a, b).to(dtype)
     bits = exact.contraction_bits(k)
-    xq, ex = exact.quantize_rows(a, bits)
     wq, ew = mode.weights.rows(b.transpose(-1, -2), bits)
-    return exact.fixed_matmul(xq, ex, wq, ew).to(dtype)
+    return exact.fixed_product(a, bits, wq, ew, mode.limbs).to(dtype)
 
 
 def _mm(mode, func, args, kwargs):
@@ -251,9 +252,8 @@ def _linear(mode, func, args, kwargs):
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     k = x.shape[-1]
     bits = exact.contraction_bits(k)
-    xq, ex = exact.quantize_rows(x, bits)
     wq, ew = mode.weights.rows(w, bits)  # rows of W are the contraction vectors already
-    out = exact.fixed_matmul(xq, ex, wq, ew)
+    out = exact.fixed_product(x, bits, wq, ew, mode.limbs)
     if bias is not None:
         out = out + bias.to(torch.float64)
     return out.to(x.dtype)

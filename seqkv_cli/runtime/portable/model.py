@@ -28,7 +28,7 @@ from seqkv_cli.runtime.portable.attention import (
 from seqkv_cli.runtime.portable.mode import PortableMode, WeightCache
 from seqkv_cli.runtime.surprisal import portable_surprisal_bits
 
-NUMERIC_PATH = exact.NUMERIC_PATH
+NUMERIC_PATH = exact.NUMERIC_PATH  # v1; the definitions this class runs are exact.LIMBS
 # Module types the path refuses by name: their state or ops have no portable definition yet.
 _REFUSED_MODULES = ("Conv1d", "Conv1D", "Conv2d", "Mamba", "LayerNorm")
 
@@ -40,12 +40,15 @@ def _register_attention() -> None:
 
 
 class PortableLM:
-    """The canonical forward of the portable path: states, forward, forward_rows."""
+    """The canonical forward of a portable path: states, forward, forward_rows."""
 
-    numeric_path = NUMERIC_PATH
     surprisal = staticmethod(portable_surprisal_bits)
 
-    def __init__(self, hf_model) -> None:
+    def __init__(self, hf_model, numeric_path: str = exact.NUMERIC_PATH_V2) -> None:
+        if numeric_path not in exact.LIMBS:
+            raise SeqkvError(f"{numeric_path!r} is not a portable numeric path")
+        self.numeric_path = numeric_path
+        self.limbs = exact.LIMBS[numeric_path]
         cfg = getattr(hf_model.config, "text_config", None) or hf_model.config
         self.model_type = getattr(cfg, "model_type", "?")
         _refuse_unvetted(hf_model, self.model_type)
@@ -74,7 +77,7 @@ class PortableLM:
         self._rotary = self._portable_rotary()
 
     def _mode(self) -> PortableMode:
-        return PortableMode(self.weights, self.model_type)
+        return PortableMode(self.weights, self.model_type, self.limbs)
 
     @contextlib.contextmanager
     def _installed(self):
@@ -140,6 +143,7 @@ class PortableLM:
             capacity,
             self.bits,
             self.device,
+            self.limbs,
         )
 
     @torch.inference_mode()
@@ -238,7 +242,7 @@ def _refuse_unvetted(hf_model, model_type: str) -> None:
 
 
 # A fixed input grid through every primitive; its digest is a constant of the definition.
-CANARY_DIGEST = "b280753d21dce9657559c1dea1e3bcbfd56d68cc9f534f72ae7073e2fabccd7d"
+CANARY_DIGEST = "6ed07e110966de07ef3a3aabd8be7e6af4b2893b7abefb2b815ff0f83b68adf5"
 
 
 def canary_digest(device=None) -> str:
@@ -259,6 +263,7 @@ def canary_digest(device=None) -> str:
         exact.tree_sum(rows, -1),
         exact.rsqrt(rows.abs() + 1.0),
         exact.matmul(rows, rows.t().contiguous()).float(),
+        exact.matmul(rows, rows.t().contiguous(), limbs=2),  # fp64: both integers' sum
         exact.pow_(
             10000.0,
             torch.arange(0, 64, 2, dtype=torch.float32, device=i.device) / 64,
@@ -284,6 +289,7 @@ def run_canary(device=None) -> None:
         on = "" if where == "cpu" else f" on {where}"
         raise SeqkvError(
             f"portable numerics canary failed{on}: this machine's floating point does not "
-            f"reproduce the {NUMERIC_PATH} primitives (flush-to-zero or fused operations?); "
+            f"reproduce the portable ({', '.join(exact.LIMBS)}) primitives (flush-to-zero or "
+            "fused operations?); "
             "files written on the portable path cannot be coded or decoded here"
         )
