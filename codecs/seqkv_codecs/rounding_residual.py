@@ -13,9 +13,15 @@ often and large ones rarely. Each element's context is therefore
 
 (for fp32 caches, which are not rounded, the distance is the element's own spacing). Within
 a context the differences are close to independent, so the stream stores, per context, how
-many elements differ and where (Rice-coded gaps), then each difference as a bucket (rANS) and
-raw low bits. Measured on an fp32-compute transformers cache stored as bf16, 400 prose tokens
-of the embedded model: about 4x smaller than the context-free `SKR1` stream (docs/BENCHMARKS.md).
+many elements differ and where (Rice-coded gaps), then each difference's size.
+
+Version 2 (written since seqkv 0.3) holds all of that in one bit string behind a header of
+10 to 13 bytes. Version 1 spent ~110 bytes per stream on fixed fields (u64 counts, u32
+lengths, a rANS table for a few dozen symbols): once the recompute was as close to the real
+numbers as fp32 (numeric path `portable-fx53-v2`) that was three quarters of a 400-token
+session's residual, 60 streams of it. Measured on an fp32-compute transformers cache stored
+as bf16, 400 prose tokens of the embedded model: 942 bits/position as `SKR1`, 176 as version
+1, 84 as version 2 (docs/BENCHMARKS.md). Version 1 streams still decode.
 
 Every quantity above is computed with exactly rounded float64 operations and `frexp` (no
 transcendental functions, whose last bits differ between libraries), so the encoder and any
@@ -33,18 +39,22 @@ from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 
 MAGIC = b"SKR2"
-VERSION = 1
-_HEAD = struct.Struct("<4sBBHQQ")  # magic, version, dtype code, reserved, n, nonzero count
+VERSION = 2  # written; version 1 is read
+_HEAD = struct.Struct("<4sBB")  # magic, version, dtype code; version 2: sizes, varints n, z
+SIZES_UNARY, SIZES_RANS = 0, 1  # version 2: how the bit lengths of the differences are coded
+_RANS_FROM = 64  # differences from which a rANS table of their bit lengths may pay for itself
+_HEAD_V1 = struct.Struct("<4sBBHQQ")  # magic, version, dtype code, reserved, n, nonzero count
 _LEN = struct.Struct("<I")
 DTYPES = ("bf16", "fp16", "fp32")
 _UINT = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
 CONTEXTS = 64  # c in 0..63: the row-relative distance from 2**-63 up to 1 and above
 BUCKETS = 36  # bit lengths 0..35 of zigzag(offset difference), |difference| < 2**33
+MAX_LENGTH = 40  # version 2: longest bit length of a coded count or difference (both < 2**40)
 
 
 def dtype_of(data: bytes) -> str | None:
     """The stored dtype an `SKR2` stream was written for (None if it is not one)."""
-    if len(data) < _HEAD.size or data[:4] != MAGIC or data[5] >= len(DTYPES):
+    if len(data) < _HEAD.size + 1 or data[:4] != MAGIC or data[5] >= len(DTYPES):
         return None
     return DTYPES[data[5]]
 
@@ -96,52 +106,116 @@ def encode_rounding_residual(captured: np.ndarray, recomputed: np.ndarray, dtype
     diff = captured.astype(np.int64).ravel() - base.astype(np.int64)
     nonzero = diff != 0
     z = int(nonzero.sum())
-    out = [_HEAD.pack(MAGIC, VERSION, DTYPES.index(dtype), 0, diff.size, z)]
     if not z:
-        return b"".join(out)
-    bits = _BitWriter()
-    counts = bytearray()
-    for c in range(CONTEXTS):
-        where = ctx == c
-        n_c = int(where.sum())
-        if not n_c:
-            continue
-        hits = nonzero[where]
-        k = int(hits.sum())
-        counts += encode_varint(k)
-        _write_positions(bits, hits, n_c, k)
-    u = _zigzag(diff[nonzero] * toward[nonzero] - _offset(dtype))
+        return (
+            _HEAD.pack(MAGIC, VERSION, DTYPES.index(dtype))
+            + bytes([SIZES_UNARY])
+            + (encode_varint(diff.size) + encode_varint(0))
+        )
+    present = [c for c in range(CONTEXTS) if (ctx == c).any()]
+    hits_of = {c: nonzero[ctx == c] for c in present}
+    u = _signed_to_code(diff[nonzero] * toward[nonzero])
     lengths = _bit_length(u)
-    for b in range(2, BUCKETS):  # the bits below each difference's leading one
-        sel = lengths == b
-        if sel.any():
-            bits.fixed(u[sel], b - 1)
-    buckets = encode_symbols(lengths.astype(np.uint8), BUCKETS)
-    out += [_LEN.pack(len(counts)), bytes(counts), _LEN.pack(len(buckets)), buckets]
-    out.append(bits.getvalue())
-    return b"".join(out)
+
+    def stream(sizes: int) -> bytes:
+        bits = _BitWriter()
+        bits.gamma(np.array([int(hits_of[c].sum()) for c in present], np.int64))
+        for c in present:
+            hits = hits_of[c]
+            _write_positions(bits, hits, hits.size, int(hits.sum()))
+        table = b""
+        if sizes == SIZES_UNARY:
+            bits.unary(lengths)
+        else:
+            table = encode_symbols(lengths.astype(np.uint8), BUCKETS)
+            table = encode_varint(len(table)) + table
+        bits.varying(u, np.maximum(lengths - 1, 0))
+        head = _HEAD.pack(MAGIC, VERSION, DTYPES.index(dtype)) + bytes([sizes])
+        return head + encode_varint(diff.size) + encode_varint(z) + table + bits.getvalue()
+
+    # a few dozen differences, mostly one step: unary lengths; many broad ones (an fp32
+    # cache): a rANS table of the lengths
+    candidates = [stream(SIZES_UNARY)] + ([stream(SIZES_RANS)] if z >= _RANS_FROM else [])
+    return min(candidates, key=len)
 
 
 def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
     """Captured bit patterns (shape of `recomputed`) = rounded recompute + the residual."""
     from seqkv_codecs.entropy import decode_symbols
 
-    if len(data) < _HEAD.size:
+    if len(data) < _HEAD.size + 1:
         raise CorruptStreamError("rounding residual shorter than its header")
-    magic, version, code, reserved, n, z = _HEAD.unpack_from(data)
-    if magic != MAGIC or version != VERSION or reserved or code >= len(DTYPES):
-        raise CorruptStreamError("not a rounding residual stream of version 1")
+    magic, version, code = _HEAD.unpack_from(data)
+    if magic != MAGIC or version not in (1, VERSION) or code >= len(DTYPES):
+        raise CorruptStreamError("not a rounding residual stream of version 1 or 2")
     if DTYPES[code] != dtype:
         raise CorruptStreamError(f"rounding residual for {DTYPES[code]}, the session is {dtype}")
+    if version == 1:
+        return _apply_v1(data, recomputed, dtype)
+    if len(data) < _HEAD.size + 3 or data[_HEAD.size] not in (SIZES_UNARY, SIZES_RANS):
+        raise CorruptStreamError("rounding residual of version 2 with an unknown size coding")
+    sizes = data[_HEAD.size]
+    n, pos = decode_varint(data, _HEAD.size + 1)
+    z, pos = decode_varint(data, pos)
     if n != recomputed.size or z > n:
         raise CorruptStreamError("rounding residual does not match the recomputed K/V")
     base, toward, ctx = contexts(recomputed, dtype)
     flat = base.astype(np.int64)
     if not z:
-        if len(data) != _HEAD.size:
+        if pos != len(data):
             raise CorruptStreamError("empty rounding residual has trailing bytes")
         return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
-    counts, pos = _blob(data, _HEAD.size)
+    table = b""
+    if sizes == SIZES_RANS:
+        length, pos = decode_varint(data, pos)
+        table, pos = data[pos : pos + length], pos + length
+        if len(table) != length:
+            raise CorruptStreamError("rounding residual truncated")
+    bits = _BitReader(data[pos:])
+    where_of = [w for w in (np.flatnonzero(ctx == c) for c in range(CONTEXTS)) if w.size]
+    counts = bits.gamma(len(where_of))
+    if int(counts.sum()) != z or any(k > w.size for k, w in zip(counts, where_of, strict=True)):
+        raise CorruptStreamError("rounding residual counts do not add up to its header")
+    nonzero = np.zeros(n, bool)
+    for k, where in zip(counts, where_of, strict=True):
+        nonzero[where] = _read_positions(bits, where.size, int(k))
+    if sizes == SIZES_UNARY:
+        lengths = bits.unary(z)
+    else:
+        lengths = decode_symbols(table, max_symbols=z).astype(np.int64)
+        if lengths.shape != (z,):
+            raise CorruptStreamError("rounding residual has the wrong number of differences")
+    if lengths.max(initial=0) > MAX_LENGTH:
+        raise CorruptStreamError("rounding residual holds a difference too large for it")
+    low = bits.varying(np.maximum(lengths - 1, 0))
+    steps = _code_to_signed(
+        np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0) | low
+    )
+    bits.finish()
+    flat[nonzero] += steps * toward[nonzero]
+    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
+        raise CorruptStreamError("rounding residual moves a value out of range")
+    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+
+
+def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
+    """Version 1 (seqkv 0.2): u64 header fields, varint counts, rANS buckets of the sizes."""
+    from seqkv_codecs.entropy import decode_symbols
+
+    if len(data) < _HEAD_V1.size:
+        raise CorruptStreamError("rounding residual shorter than its header")
+    _, _, _, reserved, n, z = _HEAD_V1.unpack_from(data)
+    if reserved:
+        raise CorruptStreamError("not a rounding residual stream of version 1")
+    if n != recomputed.size or z > n:
+        raise CorruptStreamError("rounding residual does not match the recomputed K/V")
+    base, toward, ctx = contexts(recomputed, dtype)
+    flat = base.astype(np.int64)
+    if not z:
+        if len(data) != _HEAD_V1.size:
+            raise CorruptStreamError("empty rounding residual has trailing bytes")
+        return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+    counts, pos = _blob(data, _HEAD_V1.size)
     buckets, pos = _blob(data, pos)
     bits = _BitReader(data[pos:])
     nonzero = np.zeros(n, bool)
@@ -171,13 +245,19 @@ def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> 
     return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
 
 
+def _signed_to_code(steps: np.ndarray) -> np.ndarray:
+    """Version 2: a difference s (never 0) as a code u >= 0, one step toward the nearer
+    neighbour first: s = 1, -1, 2, -2, ... -> u = 0, 1, 2, 3, ..."""
+    return np.where(steps > 0, 2 * steps - 2, -2 * steps - 1)
+
+
+def _code_to_signed(u: np.ndarray) -> np.ndarray:
+    return np.where(u % 2 == 0, u // 2 + 1, -(u + 1) // 2)
+
+
 def _offset(dtype: str) -> int:
-    # a rounded element that differs is most often one step toward its nearer neighbour
+    # version 1: a rounded element that differs is most often one step toward its nearer neighbour
     return 0 if dtype == "fp32" else 1
-
-
-def _zigzag(v: np.ndarray) -> np.ndarray:
-    return np.where(v >= 0, 2 * v, -2 * v - 1)
 
 
 def _unzigzag(u: np.ndarray) -> np.ndarray:
@@ -241,6 +321,21 @@ class _BitWriter:
             shifts = np.arange(width, dtype=np.int64)
             self._chunks.append(((values[:, None] >> shifts) & 1).astype(np.uint8).ravel())
 
+    def gamma(self, values: np.ndarray) -> None:
+        """Values >= 0 as their bit lengths L in unary, then (after all of them) the L - 1 bits
+        of each below its leading one, least significant first."""
+        lengths = _bit_length(values)
+        self.unary(lengths)
+        self.varying(values, np.maximum(lengths - 1, 0))
+
+    def varying(self, values: np.ndarray, widths: np.ndarray) -> None:
+        """Each value's low widths[i] bits, least significant first, one value after another."""
+        total = int(widths.sum())
+        if total:
+            owner = np.repeat(np.arange(values.size), widths)
+            shift = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
+            self._chunks.append(((values[owner] >> shift) & 1).astype(np.uint8))
+
     def getvalue(self) -> bytes:
         bits = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.uint8)
         return np.packbits(bits, bitorder="little").tobytes()
@@ -252,6 +347,8 @@ class _BitReader:
         self._pos = 0
 
     def unary(self, m: int) -> np.ndarray:
+        if not m:
+            return np.zeros(0, np.int64)
         ones = np.flatnonzero(self._bits[self._pos :])[:m]
         if ones.size < m:
             raise CorruptStreamError("rounding residual bits end inside a gap")
@@ -268,6 +365,28 @@ class _BitReader:
         chunk = self._bits[self._pos : end].reshape(m, width).astype(np.int64)
         self._pos = end
         return (chunk << np.arange(width, dtype=np.int64)).sum(axis=1)
+
+    def gamma(self, m: int) -> np.ndarray:
+        lengths = self.unary(m)
+        if lengths.max(initial=0) > MAX_LENGTH:
+            raise CorruptStreamError("rounding residual holds a number too large for it")
+        low = self.varying(np.maximum(lengths - 1, 0))
+        top = np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0)
+        return top | low
+
+    def varying(self, widths: np.ndarray) -> np.ndarray:
+        total = int(widths.sum())
+        out = np.zeros(widths.size, np.int64)
+        if not total:
+            return out
+        if self._pos + total > self._bits.size:
+            raise CorruptStreamError("rounding residual bits end early")
+        chunk = self._bits[self._pos : self._pos + total].astype(np.int64)
+        self._pos += total
+        owner = np.repeat(np.arange(widths.size), widths)
+        shift = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
+        np.add.at(out, owner, chunk << shift)
+        return out
 
     def finish(self) -> None:
         """The stream ends in its last byte, padded with zero bits."""

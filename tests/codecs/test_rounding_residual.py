@@ -46,7 +46,7 @@ def test_restores_every_bit_and_beats_the_plain_difference(dtype, noise, ratio):
 def test_no_difference_is_the_header_alone(dtype):
     exact = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
     data = encode_rounding_residual(rounded_bits(exact, dtype), exact, dtype)
-    assert len(data) == 24
+    assert len(data) == 9  # magic, version 2, dtype, size coding, varints n = 80 and z = 0
     assert np.array_equal(apply_rounding_residual(data, exact, dtype), rounded_bits(exact, dtype))
 
 
@@ -93,8 +93,35 @@ def test_damage_is_refused():
         apply_rounding_residual(data, exact, "fp16")
     with pytest.raises(CorruptStreamError, match="does not match"):
         apply_rounding_residual(data, exact[:, :-1], "bf16")
-    for offset in range(24):  # every header byte: magic, version, dtype, reserved, n, count
+    for offset in range(10):  # every header byte: magic, version, dtype, sizes, n (2 bytes), z
         bad = bytearray(data)
         bad[offset] ^= 0x40
         with pytest.raises(CorruptStreamError):
             apply_rounding_residual(bytes(bad), exact, "bf16")
+
+
+def test_sizes_are_unary_for_a_few_steps_and_ranS_for_broad_differences():
+    """Version 2 codes the bit lengths of the differences in unary where they are mostly one
+    step (a bf16 cache near the recompute), and with a rANS table where they are broad (an
+    fp32 cache, where every element differs by many steps); both restore every bit."""
+    near, exact = foreign_cache("bf16", 1e-5)
+    broad, exact32 = foreign_cache("fp32", 2e-6)
+    for captured, recompute, dtype, sizes in (
+        (near, exact, "bf16", 0),
+        (broad, exact32, "fp32", 1),
+    ):
+        data = encode_rounding_residual(captured, recompute, dtype)
+        assert data[4:7] == bytes([2, ["bf16", "fp16", "fp32"].index(dtype), sizes])
+        assert np.array_equal(apply_rounding_residual(data, recompute, dtype), captured)
+
+
+def test_hostile_numbers_are_refused():
+    """A count whose bit length runs past what any stream holds, and a size coding that does
+    not exist: refused, not allocated or guessed."""
+    captured, exact = foreign_cache("bf16")
+    data = encode_rounding_residual(captured, exact, "bf16")
+    head = data[:7] + bytes([0x80, 0xAC, 0x02, 0x01])  # n = 38,400, z = 1
+    with pytest.raises(CorruptStreamError):
+        apply_rounding_residual(head + bytes(7) + b"\x01", exact, "bf16")
+    with pytest.raises(CorruptStreamError, match="unknown size coding"):
+        apply_rounding_residual(data[:6] + b"\x02" + data[7:], exact, "bf16")

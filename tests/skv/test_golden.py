@@ -58,7 +58,15 @@ def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
         assert arc.codec.codec_id == SEQ_FILES[name]["codec"]
         assert arc.codec.numerics == "canonical-fp32-rb8-kb256-v1"
     model = str(SEQ_GOLDEN / "model")
-    got, _ = decode_in_child(SEQ_GOLDEN / f"{name}.skv", model, LEGACY_WRITER, timeout=300)
+    try:
+        got, _ = decode_in_child(SEQ_GOLDEN / f"{name}.skv", model, LEGACY_WRITER, timeout=300)
+    except RuntimeError as exc:
+        # Some machines cannot imitate the writer at all (seen at stop 20: an Intel Xeon whose
+        # MKL AVX2 kernels split rows by batch size). There a decoder must refuse in its one
+        # line, before any token is decoded; any other failure (a CRC mismatch) is a defect.
+        refusal = "this machine's BLAS is not row-invariant; the canonical-fp32-rb8-kb256-v1"
+        assert refusal in str(exc), exc
+        pytest.skip("this machine cannot imitate the legacy golden files' writer (refused)")
     want = {
         sid: capture_digest(load_capture(SEQ_GOLDEN / "captures" / f"{sid}.safetensors"))
         for sid in ("a", "b")
@@ -110,19 +118,23 @@ def test_compact_golden_restores_its_capture_and_is_written_the_same_today(codec
     assert again.read_bytes() == golden.read_bytes()
 
 
-RESIDUAL_GOLDEN = SEQ_GOLDEN.parent / "residual-skr2-v1"
+RESIDUAL_GOLDEN = SEQ_GOLDEN.parent
 
 
 @pytest.mark.parametrize("name", ["seq-trie", "seq-flat"])
-def test_rounding_residual_golden_restores_a_foreign_capture_bit_for_bit(name):
-    """SKR2 parts (a non-canonical capture's residual, modelled on the recompute's rounding)."""
+@pytest.mark.parametrize(("folder", "version"), [("residual-skr2-v1", 1), ("residual-skr2-v2", 2)])
+def test_rounding_residual_golden_restores_a_foreign_capture_bit_for_bit(folder, version, name):
+    """SKR2 parts (a non-canonical capture's residual, modelled on the recompute's rounding):
+    stream version 1 (seqkv 0.2, on numeric path v1) and version 2 (seqkv 0.3, v2)."""
     from seqkv_cli.skv.compress import same_capture
 
-    with Archive(RESIDUAL_GOLDEN / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+    golden = RESIDUAL_GOLDEN / folder
+    with Archive(golden / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
         parts = [s.name for s in arc.reader.sections if "residual." in s.name]
-        assert parts and {arc.reader.read_section(p)[:4] for p in parts} == {b"SKR2"}
+        heads = {arc.reader.read_section(p)[:5] for p in parts}
+        assert parts and heads == {b"SKR2" + bytes([version])}
         [entry] = arc.sessions
         restored = arc.restore(entry)
-    original = load_capture(RESIDUAL_GOLDEN / "captures" / "a.safetensors")
+    original = load_capture(golden / "captures" / "a.safetensors")
     assert original.meta["numeric_path"] != "portable-fx53-v1"  # a foreign cache
     assert same_capture(restored, original)
