@@ -27,7 +27,7 @@ def put_together(header: dict, sections: dict[str, bytes]) -> bytes:
         entries.append(SectionEntry(name, offset, len(data), crc32c(bytes(data))))
         body += data
         offset += len(data)
-    raw = encode_record(IndexRecord(1, None, header, [], tuple(entries)))
+    raw = encode_record(IndexRecord(1, None, header, [], tuple(entries)), tables=True)
     slot = Slot(0, 1, offset, len(raw), crc32c(raw))
     return encode_superblock(slot) + bytes(body) + raw
 

@@ -30,7 +30,13 @@ from seqkv_cli.container.errors import (
     UnsupportedVersionError,
     describe_os_error,
 )
-from seqkv_cli.container.format import FORMAT_MAJOR, FORMAT_MINOR, MAGIC, crc32c
+from seqkv_cli.container.format import (
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    MAGIC,
+    crc32c,
+    encode_varint,
+)
 from seqkv_cli.container.index import SectionEntry
 from seqkv_cli.container.openfile import OpenFile
 from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
@@ -128,16 +134,6 @@ def _id_problem(session_id: Any) -> str | None:
     return None
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def encode_compact(session: CompactSession, payload: bytes) -> bytes:
     """The whole file: header, its CRC32C, the token payload and the payload's CRC32C."""
     reason = unrepresentable(
@@ -164,10 +160,10 @@ def encode_compact(session: CompactSession, payload: bytes) -> bytes:
         )
     )
     for value in (session.num_layers, session.num_kv_heads, session.head_dim, session.positions):
-        head += _varint(value)
+        head += encode_varint(value)
     head += struct.pack("<HH", session.log2_ppl_milli, session.token_check)
     name = session.session_id.encode("utf-8")
-    head += _varint(len(name)) + name + _varint(len(payload))
+    head += encode_varint(len(name)) + name + encode_varint(len(payload))
     head += crc32c(bytes(head)).to_bytes(4, "little")
     return bytes(head) + payload + crc32c(payload).to_bytes(4, "little")
 

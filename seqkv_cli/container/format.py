@@ -16,11 +16,14 @@ import google_crc32c
 MAGIC = b"\x89SKV\r\n\x1a\n"
 FORMAT_MAJOR = 1
 # 1.1 added trie archives (header key "trie"), 1.2 the compact single-session layout
-# (container/compact.py), 1.3 compact codes for the portable-fx53-v2 numeric path. Full-layout
-# files are still written as 1.1, which they are: a 1.1 seqkv can append to them.
-# FORMAT_MINOR is the newest minor this seqkv reads.
-FORMAT_MINOR = 3
-FULL_LAYOUT_MINOR = 1
+# (container/compact.py), 1.3 compact codes for the portable-fx53-v2 numeric path, 1.4 binary
+# section tables in the full layout (index.py): a JSON row cost ~85 bytes a section, more than
+# the residual parts of a foreign cache themselves. FORMAT_MINOR is the newest minor this
+# seqkv reads; whole files are written as 1.4, appends keep the minor of the file they extend.
+FORMAT_MINOR = 4
+FULL_LAYOUT_MINOR = 1  # JSON section tables, what seqkv before 0.4 writes and appends to
+TABLES_MINOR = 4
+LAYOUT_TABLES = 2  # byte 12 of a 1.4 full-layout file (1 is the compact layout)
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
 SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc
 SLOT_SIZE = SLOT_BODY.size + 4  # + CRC32C of preamble and body
@@ -56,9 +59,30 @@ class Slot:
         return self.index_offset + self.index_length
 
 
-def encode_preamble() -> bytes:
-    """The 16 bytes every `.skv` file this version writes starts with."""
+def encode_preamble(tables: bool = True) -> bytes:
+    """The 16 bytes a full-layout file starts with: 1.4 with binary section tables, or 1.1.
+
+    A nonzero byte 12 is what readers since 1.2 check before anything else, so a 1.2 or 1.3
+    seqkv refuses a 1.4 file as "written by a newer seqkv" instead of misreading its index."""
+    if tables:
+        return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, TABLES_MINOR, LAYOUT_TABLES)
     return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FULL_LAYOUT_MINOR, 0)
+
+
+def has_binary_tables(head: bytes) -> bool:
+    """Whether a full-layout preamble says its index records hold binary section tables."""
+    return int.from_bytes(head[10:12], "little") >= TABLES_MINOR and head[12] == LAYOUT_TABLES
+
+
+def encode_varint(value: int) -> bytes:
+    """LEB128: 7 bits a byte, low first, high bit set on all but the last byte."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def encode_slot(preamble: bytes, slot: Slot) -> bytes:
@@ -67,10 +91,10 @@ def encode_slot(preamble: bytes, slot: Slot) -> bytes:
     return body + crc32c(preamble + body).to_bytes(4, "little")
 
 
-def encode_superblock(slot: Slot) -> bytes:
+def encode_superblock(slot: Slot, tables: bool = True) -> bytes:
     """A fresh superblock with `slot` filled in and the other slot empty (all zero)."""
     slots = [bytes(SLOT_SIZE), bytes(SLOT_SIZE)]
-    preamble = encode_preamble()
+    preamble = encode_preamble(tables)
     slots[slot.number] = encode_slot(preamble, slot)
     return preamble + slots[0] + slots[1]
 

@@ -5,6 +5,11 @@ holds the caller's header; record N > 1 holds the sessions that append added and
 (offset, length, CRC32C) to record N - 1. Each record's sections must tile its segment exactly,
 so with the chain of checksums every byte of a committed file is covered by some CRC32C, and
 an append costs index bytes proportional to what it adds, not to what the file holds.
+
+Two encodings of a record (docs/FORMAT.md, "Index records"): JSON with a JSON section table
+(format 1.1, the `tables=False` case), and from 1.4 the same JSON without `sections`, then a
+binary section table: names front-coded against the row before, offsets implied by the
+tiling, so a row costs ~10 bytes instead of ~85.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqkv_cli.container.format import SUPERBLOCK_SIZE
+from seqkv_cli.container.format import SUPERBLOCK_SIZE, encode_varint
 from seqkv_cli.container.schema import (
     SchemaViolation,
     check_header,
@@ -66,8 +71,12 @@ class Catalog:
     records: tuple[Region, ...]  # every index record, oldest first
 
 
-def encode_record(record: IndexRecord) -> bytes:
-    """Serialise a record as the compact JSON object described in docs/FORMAT.md."""
+JSON_LENGTH_BYTES = 4  # a binary-table record starts with its JSON part's length (u32)
+ROW_MIN_BYTES = 4 + 4  # four varints of one byte and a CRC32C: the smallest row
+
+
+def encode_record(record: IndexRecord, tables: bool = False) -> bytes:
+    """Serialise a record as docs/FORMAT.md describes: all JSON, or JSON + a binary table."""
     obj: dict[str, Any] = {"generation": record.generation}
     if record.previous is None:
         obj["header"] = record.header
@@ -75,6 +84,10 @@ def encode_record(record: IndexRecord) -> bytes:
         prev = record.previous
         obj["previous"] = {"offset": prev.offset, "length": prev.length, "crc32c": prev.crc32c}
         obj["sessions"] = record.sessions
+    if tables:
+        head = encode_json(obj)
+        start = SUPERBLOCK_SIZE if record.previous is None else record.previous.end
+        return len(head).to_bytes(JSON_LENGTH_BYTES, "little") + head + _table(record, start)
     obj["sections"] = [
         {"name": s.name, "offset": s.offset, "length": s.length, "crc32c": s.crc32c}
         for s in record.sections
@@ -82,32 +95,122 @@ def encode_record(record: IndexRecord) -> bytes:
     return encode_json(obj)
 
 
-def parse_record(raw: bytes, generation: int, where: Region) -> IndexRecord:
+def _table(record: IndexRecord, start: int) -> bytes:
+    """Rows in file order: shared name prefix, the rest of the name, length, CRC32C."""
+    out = bytearray(encode_varint(len(record.sections)))
+    before, cursor = b"", start
+    for s in sorted(record.sections, key=lambda s: s.offset):
+        if s.offset != cursor:  # offsets are implied, so they must follow from the tiling
+            raise SchemaViolation(f"section {s.name!r} does not start where the one before ends")
+        name = s.name.encode("utf-8")
+        shared = _shared_prefix(before, name)
+        out += encode_varint(shared) + encode_varint(len(name) - shared) + name[shared:]
+        out += encode_varint(s.length) + s.crc32c.to_bytes(4, "little")
+        before, cursor = name, cursor + s.length
+    return bytes(out)
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def parse_record(raw: bytes, generation: int, where: Region, tables: bool = False) -> IndexRecord:
     """Decode one record found at `where` (CRC already checked) and check its segment."""
+    table = None
+    if tables:
+        if len(raw) < JSON_LENGTH_BYTES:
+            raise SchemaViolation("an index record is shorter than its JSON length field")
+        size = int.from_bytes(raw[:JSON_LENGTH_BYTES], "little")
+        if size > len(raw) - JSON_LENGTH_BYTES:
+            raise SchemaViolation(f"an index record's JSON part ({size} bytes) runs past its end")
+        table = raw[JSON_LENGTH_BYTES + size :]
+        raw = raw[JSON_LENGTH_BYTES : JSON_LENGTH_BYTES + size]
     obj = decode_json(raw)
     if not isinstance(obj, dict):
         raise SchemaViolation("an index record must be a JSON object")
     found = obj.get("generation")
     if found != generation or isinstance(found, bool):
         raise SchemaViolation(f"index record says generation {found!r}, expected {generation}")
-    rows = obj.get("sections")
-    if not isinstance(rows, list):
-        raise SchemaViolation("an index record's 'sections' must be a list")
-    sections = tuple(_section(row) for row in rows)
     if generation == 1:
-        record = IndexRecord(1, None, obj.get("header"), [], sections)
-        start = SUPERBLOCK_SIZE
+        previous, start = None, SUPERBLOCK_SIZE
     else:
         previous = _region(obj.get("previous"))
+        if previous.end > where.offset:
+            raise SchemaViolation(f"index record {generation} points forward to its predecessor")
+        start = previous.end
+    if table is None:
+        rows = obj.get("sections")
+        if not isinstance(rows, list):
+            raise SchemaViolation("an index record's 'sections' must be a list")
+        sections = tuple(_section(row) for row in rows)
+    else:
+        if "sections" in obj:
+            raise SchemaViolation("a record with a binary section table also lists 'sections'")
+        sections = _parse_table(table, start)
+    if previous is None:
+        record = IndexRecord(1, None, obj.get("header"), [], sections)
+    else:
         sessions = obj.get("sessions")
         if not isinstance(sessions, list):
             raise SchemaViolation(f"index record {generation} must list the sessions it adds")
-        if previous.end > where.offset:
-            raise SchemaViolation(f"index record {generation} points forward to its predecessor")
         record = IndexRecord(generation, previous, None, sessions, sections)
-        start = previous.end
     _check_tiling(sections, start, where.offset, generation)
     return record
+
+
+class _Table:
+    """Bounded reads of a binary section table: nothing runs past its bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def varint(self, what: str) -> int:
+        value = shift = 0
+        for _ in range(9):  # 63 bits: every count, length and offset of the format fits
+            if self.pos >= len(self.data):
+                raise SchemaViolation(f"the section table ends inside {what}")
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+        raise SchemaViolation(f"the section table's {what} is longer than 9 bytes")
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > len(self.data) - self.pos:
+            raise SchemaViolation(f"the section table ends inside {what}")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+def _parse_table(data: bytes, start: int) -> tuple[SectionEntry, ...]:
+    table = _Table(data)
+    count = table.varint("its row count")
+    if count > len(data) // ROW_MIN_BYTES:
+        raise SchemaViolation(f"the section table claims {count} rows in {len(data)} bytes")
+    rows, before, offset = [], b"", start
+    for i in range(count):
+        shared = table.varint(f"row {i}")
+        if shared > len(before):
+            raise SchemaViolation(f"row {i} shares {shared} name bytes; the name before has fewer")
+        name = before[:shared] + table.take(table.varint(f"row {i}"), f"row {i}'s name")
+        length = table.varint(f"row {i}'s length")
+        crc = int.from_bytes(table.take(4, f"row {i}'s CRC32C"), "little")
+        try:
+            text = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SchemaViolation(f"row {i}'s section name is not UTF-8") from None
+        check_section_name(text)
+        rows.append(SectionEntry(text, offset, length, crc))
+        before, offset = name, offset + length
+    if table.pos != len(data):
+        raise SchemaViolation(f"{len(data) - table.pos} bytes follow the section table's rows")
+    return tuple(rows)
 
 
 def merge_records(records: list[IndexRecord], regions: list[Region]) -> Catalog:

@@ -33,6 +33,7 @@ from seqkv_cli.container.format import (
     crc32c,
     decode_preamble,
     decode_slots,
+    has_binary_tables,
 )
 from seqkv_cli.container.index import (
     Catalog,
@@ -76,7 +77,9 @@ class ContainerReader(OpenFile):
             raise UnsupportedVersionError(
                 self.path, f"format {major}.{minor} is unknown; this seqkv reads {FORMAT_MAJOR}.x"
             )
-        if minor >= COMPACT_MINOR and head[12] != 0:  # byte 12 names a layout from 1.2 on
+        # byte 12 names a layout from 1.2 on; 1.4's binary section tables are the full layout
+        self.tables = has_binary_tables(head)
+        if minor >= COMPACT_MINOR and head[12] != 0 and not self.tables:
             if minor > FORMAT_MINOR:
                 raise UnsupportedVersionError(
                     self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
@@ -138,7 +141,7 @@ class ContainerReader(OpenFile):
                     self.path, f"the header/index (record {generation}) checksum does not match"
                 )
             try:
-                record = parse_record(raw, generation, where)
+                record = parse_record(raw, generation, where, self.tables)
             except SchemaViolation as error:
                 raise MalformedContainerError(self.path, f"invalid index: {error}") from None
             records.append(record)

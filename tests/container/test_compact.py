@@ -23,7 +23,7 @@ from seqkv_cli.container.compact import (
     encode_compact,
     write_compact,
 )
-from seqkv_cli.container.format import crc32c
+from seqkv_cli.container.format import FORMAT_MINOR, crc32c
 from seqkv_cli.container.reader import ContainerReader
 
 PAYLOAD = bytes(range(200)) * 2
@@ -204,10 +204,10 @@ def test_unknown_codes_are_refused(tmp_path, pipeline, kinds, message):
 
 def test_a_newer_minor_and_an_unknown_layout_ask_for_an_upgrade(tmp_path):
     data = bytearray(encode_compact(session(), PAYLOAD))
-    data[10] = 4  # format 1.4
-    with pytest.raises(UnsupportedVersionError, match=r"format 1\.4\); upgrade seqkv"):
+    data[10] = FORMAT_MINOR + 1
+    with pytest.raises(UnsupportedVersionError, match=rf"format 1\.{FORMAT_MINOR + 1}\); upgrade"):
         open_container(write(tmp_path, bytes(data)))
-    data[12] = 7  # a layout this seqkv does not know, in a 1.4 file
+    data[12] = 7  # a layout this seqkv does not know, in a file of a newer minor
     with pytest.raises(UnsupportedVersionError, match="upgrade seqkv"):
         open_container(write(tmp_path, bytes(data)))
 

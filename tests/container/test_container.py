@@ -36,11 +36,14 @@ from seqkv_cli.container import (
 )
 from seqkv_cli.container.format import (
     FULL_LAYOUT_MINOR,
+    LAYOUT_TABLES,
     SLOT_OFFSETS,
     SUPERBLOCK_SIZE,
+    TABLES_MINOR,
     Slot,
     crc32c,
     encode_slot,
+    encode_varint,
 )
 from seqkv_cli.errors import SeqkvError
 
@@ -80,9 +83,12 @@ def sample() -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     return header, sections
 
 
-def write_sample(path: Path) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+SAMPLE_BYTES = sum(len(data) for _, data in sample()[1])
+
+
+def write_sample(path: Path, tables: bool = True) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     header, sections = sample()
-    write_container(path, header, sections)
+    write_container(path, header, sections, tables=tables)
     return header, sections
 
 
@@ -106,7 +112,7 @@ def open_all(path: Path) -> None:
 
 
 def rewrite_first_record(path: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
-    """Re-encode index record 1 of a one-segment file with a valid CRC (a crafted file)."""
+    """Re-encode index record 1 of a one-segment 1.1 file with a valid CRC (a crafted file)."""
     data = path.read_bytes()
     with open_container(path) as container:
         slot = container.slot
@@ -125,16 +131,18 @@ def leftovers(directory: Path) -> list[str]:
 # --- round trips -------------------------------------------------------------------------
 
 
-def test_round_trip_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("tables", "minor"), [(True, TABLES_MINOR), (False, FULL_LAYOUT_MINOR)])
+def test_round_trip_is_exact(tmp_path: Path, tables: bool, minor: int) -> None:
     header, sections = sample()
     path = tmp_path / "a.skv"
-    result = write_container(path, header, sections)
+    result = write_container(path, header, sections, tables=tables)
     assert result.file_bytes == path.stat().st_size
     assert result.section_bytes == sum(len(d) for _, d in sections)
     assert result.generation == 1
     assert leftovers(tmp_path) == ["a.skv"]
     with open_container(path) as container:
-        assert container.version == (1, FULL_LAYOUT_MINOR)  # the full layout is a 1.1 file
+        assert container.version == (1, minor)
+        assert container.tables is tables
         assert container.generation == 1
         assert json.dumps(container.header) == json.dumps(header)  # same values, same order
         assert container.header["meta"]["big"] == 2**70
@@ -214,11 +222,14 @@ def test_newer_major_version_is_refused(tmp_path: Path) -> None:
     expect(UnsupportedVersionError, lambda: open_container(path), "format 0.3 is unknown")
 
 
-def test_newer_minor_version_is_read_but_not_appended_to(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("tables", "layout"), [(False, 0), (True, LAYOUT_TABLES)])
+def test_newer_minor_version_is_read_but_not_appended_to(
+    tmp_path: Path, tables: bool, layout: int
+) -> None:
     path = tmp_path / "a.skv"
-    write_sample(path)
+    write_sample(path, tables)
     data = path.read_bytes()
-    preamble = data[:8] + struct.pack("<HHI", 1, 7, 0)
+    preamble = data[:8] + struct.pack("<HHI", 1, 7, layout)
     with open_container(path) as container:
         slot = container.slot
     path.write_bytes(preamble + encode_slot(preamble, slot) + data[48:])
@@ -320,9 +331,102 @@ def test_malformed_index_with_valid_checksum(
     tmp_path: Path, mutate: Callable[[dict[str, Any]], Any], words: str
 ) -> None:
     path = tmp_path / "a.skv"
-    write_sample(path)
+    write_sample(path, tables=False)
     rewrite_first_record(path, mutate)
     expect(MalformedContainerError, lambda: open_container(path), "invalid index", words)
+
+
+def rewrite_table(path: Path, mutate: Callable[[bytes, bytes], bytes]) -> None:
+    """Give index record 1 of a one-segment 1.4 file `mutate(json part, table)`, re-signed."""
+    data = path.read_bytes()
+    with open_container(path) as container:
+        slot = container.slot
+    raw = data[slot.index_offset :]
+    size = int.from_bytes(raw[:4], "little")
+    raw = mutate(raw[4 : 4 + size], raw[4 + size :])
+    forged = Slot(0, 1, slot.index_offset, len(raw), crc32c(raw))
+    head = data[:16] + encode_slot(data[:16], forged) + data[48:80]
+    path.write_bytes(head + data[80 : slot.index_offset] + raw)
+
+
+def signed(json_part: bytes, table: bytes) -> bytes:
+    return len(json_part).to_bytes(4, "little") + json_part + table
+
+
+def row(shared: int, suffix: bytes, length: int, crc: int = 0) -> bytes:
+    return (
+        encode_varint(shared)
+        + encode_varint(len(suffix))
+        + suffix
+        + encode_varint(length)
+        + crc.to_bytes(4, "little")
+    )
+
+
+def rows(*items: bytes) -> bytes:
+    return encode_varint(len(items)) + b"".join(items)
+
+
+def test_the_binary_table_is_what_docs_format_md_specifies(tmp_path: Path) -> None:
+    path = tmp_path / "a.skv"
+    header = {"pipeline": [], "model": None, "sessions": []}
+    write_container(path, header, [("s0/tokens", b"abc"), ("s0/trie", b"")])
+    data = path.read_bytes()
+    assert data[8:16] == bytes([1, 0, 4, 0, 2, 0, 0, 0])  # 1.4, byte 12 = 2
+    record = data[80 + 3 :]
+    json_part = b'{"generation":1,"header":{"pipeline":[],"model":null,"sessions":[]}}'
+    table = rows(row(0, b"s0/tokens", 3, crc32c(b"abc")), row(4, b"rie", 0, crc32c(b"")))
+    assert record == signed(json_part, table)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "words"),
+    [
+        (lambda j, t: b"\x05\x00", "shorter than its JSON length"),
+        (lambda j, t: (len(j) + len(t) + 1).to_bytes(4, "little") + j + t, "runs past its end"),
+        (lambda j, t: signed(j, b""), "ends inside its row count"),
+        (lambda j, t: signed(j, t + b"\x00"), "follow the section table"),
+        (lambda j, t: signed(j, encode_varint(10**6) + t[1:]), "claims 1000000 rows"),
+        (lambda j, t: signed(j, b"\xff" * 9 + b"\x01" + t), "longer than 9 bytes"),
+        (lambda j, t: signed(j, t[:-3]), "ends inside row 5's CRC32C"),
+        (lambda j, t: signed(j, rows(row(3, b"x", 4))), "shares 3 name bytes"),
+        (lambda j, t: signed(j, rows(row(0, b"\xff\xfe", 4))), "not UTF-8"),
+        (lambda j, t: signed(j, rows(row(0, b"a\nb", 4))), "control characters"),
+        (
+            lambda j, t: signed(j, rows(row(0, b"a", 4), row(1, b"", SAMPLE_BYTES - 4))),
+            "appears twice",
+        ),
+        (lambda j, t: signed(j, rows(row(0, b"a", 10**12))), "past the end of its segment"),
+        (lambda j, t: signed(j, rows(row(0, b"s0/tokens", 4))), "belong to no section"),
+        (
+            lambda j, t: signed(j[:-1] + b',"sections":[]}', t),
+            "also lists 'sections'",
+        ),
+        (lambda j, t: signed(b"[]", t), "JSON object"),
+    ],
+)
+def test_malformed_binary_table_with_valid_checksum(
+    tmp_path: Path, mutate: Callable[[bytes, bytes], bytes], words: str
+) -> None:
+    path = tmp_path / "a.skv"
+    write_sample(path)
+    rewrite_table(path, mutate)
+    expect(MalformedContainerError, lambda: open_container(path), "invalid index", words)
+
+
+def test_an_old_file_takes_appends_in_its_own_format(tmp_path: Path) -> None:
+    """Appending to a 1.1 file keeps it 1.1 (JSON records), so older seqkv still reads it."""
+    for tables, minor in ((False, FULL_LAYOUT_MINOR), (True, TABLES_MINOR)):
+        path = tmp_path / f"{tables}.skv"
+        write_sample(path, tables)
+        append_sessions(path, [session("s9", ["s9/x"])], [("s9/x", b"ninth")])
+        data = path.read_bytes()
+        with open_container(path) as container:
+            assert container.version == (1, minor) and container.generation == 2
+            assert container.read_section("s9/x") == b"ninth"
+            assert container.read_section("s1/鍵🔑") == BIG
+            newest = data[container.slot.index_offset :]
+        assert newest.startswith(b"{") is not tables  # a 1.4 record starts with its JSON length
 
 
 def test_damaged_spare_slot_opens_but_fails_verify(tmp_path: Path) -> None:

@@ -41,9 +41,11 @@ def session(sid: str, names: list[str]) -> dict[str, Any]:
     return {"id": sid, "positions": 3, "dtype": "float16", "shapes": [3, 64], "sections": names}
 
 
-def build(directory: Path, appended: bool) -> bytes:
-    """A small container with several sections; optionally grown by two appends."""
-    path = directory / f"base-{appended}.skv"
+def build(directory: Path, appended: bool, tables: bool = True) -> bytes:
+    """A small container with several sections; optionally grown by two appends.
+
+    `tables` False: a format 1.1 file, whose index records are all JSON."""
+    path = directory / f"base-{appended}-{tables}.skv"
     header = {
         "pipeline": [{"id": "raw"}],
         "model": {"fingerprint": "sha256:00ff"},
@@ -56,7 +58,7 @@ def build(directory: Path, appended: bool) -> bytes:
         ("s1/e", b""),
         ("s1/v", b"\x00" * 30),
     ]
-    write_container(path, header, sections)
+    write_container(path, header, sections, tables=tables)
     if appended:
         append_sessions(path, [session("s2", ["s2/t"])], [("s2/t", b"appended" * 8)])
         append_sessions(path, [session("s3", ["s3/t", "s0/k"])], [("s3/t", b"\xff" * 16)])
@@ -66,6 +68,13 @@ def build(directory: Path, appended: bool) -> bytes:
 @pytest.fixture(scope="module", params=[False, True], ids=["one-segment", "three-segments"])
 def original(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return build(tmp_path_factory.mktemp("fuzz"), request.param)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["one-segment", "three-segments"])
+def json_original(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> bytes:
+    return build(tmp_path_factory.mktemp("fuzz"), request.param, tables=False)
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +165,10 @@ JSON = st.recursive(
 @fuzz(600)
 @given(data=st.data())
 def test_forged_index_records_with_valid_checksums_never_crash(
-    original: bytes, victim: Path, data: st.DataObject
+    json_original: bytes, victim: Path, data: st.DataObject
 ) -> None:
     """A crafted record passes the CRC, so only the parser stands between it and a crash."""
+    original = json_original
     put(victim, original)
     with open_container(victim) as container:
         slot = container.slot
@@ -174,6 +184,38 @@ def test_forged_index_records_with_valid_checksums_never_crash(
             target, key = value, sorted(value)[step % len(value)]
     target[key] = data.draw(JSON)
     raw = json.dumps(record, ensure_ascii=data.draw(st.booleans())).encode()
+    forged = Slot(slot.number, slot.generation, slot.index_offset, len(raw), crc32c(raw))
+    head = bytearray(original[: slot.index_offset] + raw)
+    head[SLOT_OFFSETS[slot.number] : SLOT_OFFSETS[slot.number] + 32] = encode_slot(
+        original[:16], forged
+    )
+    put(victim, bytes(head))
+    with contextlib.suppress(ContainerError):  # refusing is fine; any other exception is not
+        read_everything(victim)
+
+
+@fuzz(600)
+@given(data=st.data())
+def test_forged_binary_tables_with_valid_checksums_never_crash(
+    original: bytes, victim: Path, data: st.DataObject
+) -> None:
+    """The newest record's table edited byte-wise (format 1.4), then signed again."""
+    put(victim, original)
+    with open_container(victim) as container:
+        slot = container.slot
+    raw = bytearray(original[slot.index_offset :])
+    size = int.from_bytes(raw[:4], "little")
+    table = raw[4 + size :]
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(table)))
+        kind = data.draw(st.sampled_from(["set", "insert", "delete"]))
+        if kind == "set" and at < len(table):
+            table[at] = data.draw(st.integers(0, 255))
+        elif kind == "insert":
+            table[at:at] = data.draw(st.binary(min_size=1, max_size=6))
+        else:
+            del table[at : at + data.draw(st.integers(1, 6))]
+    raw = bytes(raw[: 4 + size] + table)
     forged = Slot(slot.number, slot.generation, slot.index_offset, len(raw), crc32c(raw))
     head = bytearray(original[: slot.index_offset] + raw)
     head[SLOT_OFFSETS[slot.number] : SLOT_OFFSETS[slot.number] + 32] = encode_slot(

@@ -138,3 +138,30 @@ def test_rounding_residual_golden_restores_a_foreign_capture_bit_for_bit(folder,
     original = load_capture(golden / "captures" / "a.safetensors")
     assert original.meta["numeric_path"] != "portable-fx53-v1"  # a foreign cache
     assert same_capture(restored, original)
+
+
+TABLES_GOLDEN = SEQ_GOLDEN.parent / "tables-v1"
+TABLES_FILES = json.loads((TABLES_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(TABLES_FILES))
+def test_binary_table_golden_restores_every_session_bit_for_bit(name):
+    """Format 1.4 (binary section tables, seqkv 0.4): a foreign capture with its residual
+    parts, in a trie, a flat file and a trie grown by one append (two binary records)."""
+    from seqkv_cli.skv.compress import same_capture
+
+    captures = {
+        "a": RESIDUAL_GOLDEN / "residual-skr2-v2" / "captures" / "a.safetensors",
+        "b": SEQ_GOLDEN.parent / "seq-portable-v2" / "captures" / "b.safetensors",
+    }
+    want = TABLES_FILES[name]
+    path = TABLES_GOLDEN / f"{name}.skv"
+    assert path.stat().st_size == want["bytes"]
+    with Archive(path, model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.reader.version == (1, 4) and arc.reader.tables
+        assert arc.reader.generation == len(want["sessions"])
+        assert any("residual." in s.name for s in arc.reader.sections)
+        assert [e["id"] for e in arc.sessions] == want["sessions"]
+        for entry in arc.sessions:
+            restored = arc.restore(entry)
+            assert same_capture(restored, load_capture(captures[entry["id"]])), entry["id"]
