@@ -30,6 +30,11 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
 from seqkv_cli.runtime.numerics import LEGACY
 from seqkv_cli.sequential.session_codec import EncodedSession, SessionCodec
+from seqkv_cli.sequential.surprisal_part import (
+    decode_surprisal_part,
+    encode_surprisal_part,
+    plausible_surprisal_part,
+)
 
 VARIANTS = ("topk", "linear")
 PREFILL_CHUNK = 256  # as `capture`: the same logits, so the same surprisal bits
@@ -185,8 +190,8 @@ class DeltaTopKCodec(SessionCodec):
             f"{len(bits)} positions with none"
         )
         if not torch.equal(pred.surprisal, cap.surprisal.double()):
-            out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
-            out.notes.append("surprisal differs from recomputation; stored explicitly")
+            out.parts["surprisal"] = encode_surprisal_part(cap.surprisal, pred.surprisal)
+            out.notes.append("surprisal differs from recomputation; stored against it")
         return out
 
     def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
@@ -212,9 +217,9 @@ class DeltaTopKCodec(SessionCodec):
         stored = read("surprisal")
         surprisal = pred.surprisal
         if stored is not None:
-            if len(stored) != 8 * max(n - 1, 0):
+            if not plausible_surprisal_part(stored, max(n - 1, 0)):
                 raise CorruptStreamError("stored surprisal has the wrong length")
-            surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
+            surprisal = decode_surprisal_part(stored, pred.surprisal)
         meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
         keys, values = [t.contiguous() for t in kv[:, 0]], [t.contiguous() for t in kv[:, 1]]
         cap = Capture(torch.from_numpy(tokens), keys, values, surprisal, meta)

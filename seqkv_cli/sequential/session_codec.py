@@ -32,6 +32,7 @@ from seqkv_cli.runtime.numerics import DEFAULT as DEFAULT_NUMERICS
 from seqkv_cli.runtime.numerics import LEGACY as LEGACY_NUMERICS
 from seqkv_cli.runtime.numerics import check_path
 from seqkv_cli.sequential.adapter import CanonicalLogits
+from seqkv_cli.sequential.surprisal_part import decode_surprisal_part, encode_surprisal_part
 
 RESIDUAL_MODES = ("lossless", "none")
 
@@ -146,8 +147,8 @@ class SessionCodec:
                 self.add_residual(out, part, kv_bits(a), kv_bits(b), cap, track.unrounded)
         if not torch.equal(track.surprisal, cap.surprisal.double()):
             # Not expected for canonical captures; kept explicit so restore stays exact.
-            out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
-            out.notes.append("surprisal differs from recomputation; stored explicitly")
+            out.parts["surprisal"] = encode_surprisal_part(cap.surprisal, track.surprisal)
+            out.notes.append("surprisal differs from recomputation; stored against it")
         return out
 
     def add_residual(
@@ -308,7 +309,7 @@ def finish_capture(
             p95[kind][layer] = residual_p95(t, tensors[layer])
     stored = read("surprisal")
     if stored is not None:
-        surprisal = torch.from_numpy(np.frombuffer(stored, "<f8").copy())
+        surprisal = decode_surprisal_part(stored, surprisal)
     meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # Archive completes it
     cap = Capture(torch.from_numpy(np.asarray(tokens)), keys, values, surprisal, meta)
     cap.residual_p95 = p95 if residuals else None

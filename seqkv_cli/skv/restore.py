@@ -12,6 +12,7 @@ from seqkv_cli.container.layout import capture_meta_of, kv_part, section_name
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.blocks import to_tensor
 from seqkv_cli.sequential.registry import capabilities
+from seqkv_cli.sequential.surprisal_part import plausible_surprisal_part
 
 KINDS = ("key", "value")
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
@@ -388,9 +389,9 @@ def _check_entry(path: Path, entry) -> None:
 def _checked_part(entry: dict, part: str, data: bytes | None) -> bytes | None:
     """A session's own part, refused when its size cannot be what the entry says."""
     if part == "surprisal" and data is not None:
-        want = 8 * max(entry["positions"] - 1, 0)
-        if len(data) != want:
-            raise SeqkvError(f"its stored surprisal holds {len(data)} bytes, not {want}")
+        want = max(entry["positions"] - 1, 0)
+        if not plausible_surprisal_part(data, want):  # raw float64, or SKS1 and shorter
+            raise SeqkvError(f"its stored surprisal holds {len(data)} bytes, not {8 * want}")
     return data
 
 

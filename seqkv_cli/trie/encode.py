@@ -19,6 +19,7 @@ from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES, DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits, unrounded_kv
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.sequential.session_codec import EncodedSession, kv_bits
+from seqkv_cli.sequential.surprisal_part import encode_surprisal_part
 from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.sources import Source, ppl_milli, profiles_for
@@ -68,7 +69,7 @@ def check_session(
             if base is not None:
                 _rest_on_base(out, part, a, b, base, kind, layer, unrounded)
     if surprisal is not None and not torch.equal(surprisal, cap.surprisal.double()):
-        out.parts["surprisal"] = cap.surprisal.double().numpy().astype("<f8").tobytes()
+        out.parts["surprisal"] = encode_surprisal_part(cap.surprisal, surprisal)
         build.notes.append(f"{cap.session_id}: surprisal differs from recomputation; stored")
     for name, data in out.parts.items():
         build.parts[f"s{local}/{name}"] = data

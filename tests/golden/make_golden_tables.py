@@ -1,7 +1,8 @@
-"""Write the golden files of format 1.4 (binary section tables) ONCE.
+"""Write the golden files of format 1.4 (binary section tables, `SKS1` surprisal) ONCE.
 
 The foreign capture of ../residual-skr2-v2 (a non-canonical capture: its residual parts are
-what made JSON section tables cost more than the parts) compressed with `seq` as a trie and a
+what made JSON section tables cost more than the parts, and its own surprisal is stored
+against the recompute's as `SKS1`) compressed with `seq` as a trie and a
 flat file, and a trie file grown by one `archive add` (two index records, both binary). A
 reader must keep restoring them bit for bit. Never re-run this to make a failing golden test
 pass. Uses the tiny model stored in ../seq-v1/model.

@@ -147,7 +147,8 @@ TABLES_FILES = json.loads((TABLES_GOLDEN / "expected.json").read_text())
 @pytest.mark.parametrize("name", sorted(TABLES_FILES))
 def test_binary_table_golden_restores_every_session_bit_for_bit(name):
     """Format 1.4 (binary section tables, seqkv 0.4): a foreign capture with its residual
-    parts, in a trie, a flat file and a trie grown by one append (two binary records)."""
+    parts and its own surprisal (`SKS1`), in a trie, a flat file and a trie grown by one
+    append (two binary records; the appended session is canonical)."""
     from seqkv_cli.skv.compress import same_capture
 
     captures = {
@@ -162,6 +163,8 @@ def test_binary_table_golden_restores_every_session_bit_for_bit(name):
         assert arc.reader.generation == len(want["sessions"])
         assert any("residual." in s.name for s in arc.reader.sections)
         assert [e["id"] for e in arc.sessions] == want["sessions"]
+        surprisal = [s.name for s in arc.reader.sections if s.name.endswith("/surprisal")]
+        assert [arc.reader.read_section(p)[:4] for p in surprisal] == [b"SKS1"]  # only "a"
         for entry in arc.sessions:
             restored = arc.restore(entry)
             assert same_capture(restored, load_capture(captures[entry["id"]])), entry["id"]

@@ -55,15 +55,21 @@ def test_seq_costs_about_the_surprisal(caps, tiny_lm, tmp_path):
     assert token_bytes * 8 <= entry["token_bits_ideal"] + 8 * 40  # header + chunk table
 
 
-def test_non_canonical_capture_needs_and_gets_a_lossless_residual(caps, tiny_lm, tmp_path):
+@pytest.mark.parametrize("layout", ["trie", "flat"])
+def test_non_canonical_capture_needs_and_gets_a_lossless_residual(caps, tiny_lm, tmp_path, layout):
     _, plain = caps
-    res = compress_captures([plain], tmp_path / "x.skv", codec="seq", model=tiny_lm)
+    res = compress_captures([plain], tmp_path / "x.skv", codec="seq", model=tiny_lm, layout=layout)
     assert res.part_bytes.get("residual", 0) > 0
     [restored] = decompress(tmp_path / "x.skv", tmp_path / "dec", model=tiny_lm)
-    assert same_capture(load_capture(plain), load_capture(restored))
+    original = load_capture(plain)
+    assert same_capture(original, load_capture(restored))
     with Archive(tmp_path / "x.skv", model=tiny_lm) as arc:  # modelled on the rounding
         parts = [s.name for s in arc.reader.sections if "residual." in s.name]
         assert b"SKR2" in {arc.reader.read_section(p)[:4] for p in parts}
+        # its own surprisal, against the recompute's: well under the 8 raw bytes a value
+        [name] = [s.name for s in arc.reader.sections if s.name.endswith("/surprisal")]
+        part = arc.reader.read_section(name)
+        assert part[:4] == b"SKS1" and len(part) < 6 * len(original.surprisal)
     with pytest.raises(SeqkvError, match="do not reproduce its own K/V"):
         compress_captures(
             [plain], tmp_path / "y.skv", codec={"id": "seq", "residual": "none"}, model=tiny_lm
