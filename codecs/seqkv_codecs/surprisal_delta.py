@@ -26,6 +26,7 @@ from seqkv_codecs.varint import decode_varint, encode_varint
 
 MAGIC = b"SKS1"
 WIDTH = 64
+BLOCK = 1 << 14  # values per (values, 64) bit matrix: ~10 MB of work arrays at most
 
 
 def encode_surprisal_delta(stored: np.ndarray, recomputed: np.ndarray) -> bytes:
@@ -104,8 +105,11 @@ def _pack(values: np.ndarray, widths: np.ndarray) -> bytes:
     """The low `widths[i]` bits of every value, concatenated MSB-first, padded to a byte."""
     if not len(values):
         return b""
-    keep = np.arange(WIDTH)[None, :] >= WIDTH - widths[:, None]
-    return np.packbits(_matrix(values)[keep]).tobytes()
+    bits = []
+    for at in range(0, len(values), BLOCK):  # (values, 64) matrices a block at a time
+        v, w = values[at : at + BLOCK], widths[at : at + BLOCK]
+        bits.append(_matrix(v)[np.arange(WIDTH)[None, :] >= WIDTH - w[:, None]])
+    return np.packbits(np.concatenate(bits)).tobytes()
 
 
 def _unpack(data: bytes, pos: int, widths: np.ndarray, what: str) -> tuple[np.ndarray, int]:
@@ -116,13 +120,13 @@ def _unpack(data: bytes, pos: int, widths: np.ndarray, what: str) -> tuple[np.nd
     bits = np.unpackbits(np.frombuffer(data, np.uint8, size, pos))
     if bits[total:].any():
         raise CorruptStreamError(f"the surprisal stream's {what} end in nonzero padding")
-    if not len(widths):
-        return np.zeros(0, np.uint64), pos + size
-    cols = np.arange(WIDTH)[None, :]
-    keep = cols >= WIDTH - widths[:, None]
     starts = np.cumsum(widths) - widths  # where each value's bits begin
-    index = starts[:, None] + cols - (WIDTH - widths[:, None])
-    matrix = np.zeros((len(widths), WIDTH), np.uint8)
-    matrix[keep] = bits[index[keep]]
-    values = np.packbits(matrix, axis=1).view(">u8").reshape(-1).astype(np.uint64)
+    cols = np.arange(WIDTH)[None, :]
+    values = np.zeros(len(widths), np.uint64)
+    for at in range(0, len(widths), BLOCK):
+        w, first = widths[at : at + BLOCK, None], starts[at : at + BLOCK, None]
+        keep = cols >= WIDTH - w
+        matrix = np.zeros((len(w), WIDTH), np.uint8)
+        matrix[keep] = bits[(first + cols - (WIDTH - w))[keep]]
+        values[at : at + BLOCK] = np.packbits(matrix, axis=1).view(">u8").reshape(-1)
     return values, pos + size
