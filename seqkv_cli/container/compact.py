@@ -34,7 +34,9 @@ from seqkv_cli.container.format import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
     MAGIC,
+    VarintError,
     crc32c,
+    decode_varint,
     encode_varint,
 )
 from seqkv_cli.container.index import SectionEntry
@@ -213,17 +215,15 @@ class _Fields:
         return TruncatedContainerError(self.path, "the file ends inside its compact header")
 
     def varint(self) -> int:
-        value = shift = 0
-        for _ in range(10):
-            if self.pos >= len(self.data):
-                raise self.truncated()
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-        raise MalformedContainerError(self.path, "a number in the compact header is too long")
+        try:
+            value, self.pos = decode_varint(self.data, self.pos, 10)
+        except VarintError as error:
+            if error.truncated:
+                raise self.truncated() from None
+            raise MalformedContainerError(
+                self.path, "a number in the compact header is too long"
+            ) from None
+        return value
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):

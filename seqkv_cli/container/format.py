@@ -74,6 +74,28 @@ def has_binary_tables(head: bytes) -> bool:
     return int.from_bytes(head[10:12], "little") >= TABLES_MINOR and head[12] == LAYOUT_TABLES
 
 
+class VarintError(Exception):
+    """Internal: the data ends inside a varint (`truncated`), or it runs past its byte limit."""
+
+    def __init__(self, truncated: bool) -> None:
+        super().__init__("truncated" if truncated else "too long")
+        self.truncated = truncated
+
+
+def decode_varint(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
+    """(value, position after it) of the LEB128 varint at `data[pos]`, at most `max_bytes`."""
+    value = shift = 0
+    for i in range(max_bytes):
+        if pos + i >= len(data):
+            raise VarintError(truncated=True)
+        byte = data[pos + i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos + i + 1
+        shift += 7
+    raise VarintError(truncated=False)
+
+
 def encode_varint(value: int) -> bytes:
     """LEB128: 7 bits a byte, low first, high bit set on all but the last byte."""
     out = bytearray()

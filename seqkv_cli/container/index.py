@@ -17,7 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqkv_cli.container.format import SUPERBLOCK_SIZE, encode_varint
+from seqkv_cli.container.format import (
+    SUPERBLOCK_SIZE,
+    VarintError,
+    decode_varint,
+    encode_varint,
+)
 from seqkv_cli.container.schema import (
     SchemaViolation,
     check_header,
@@ -168,17 +173,13 @@ class _Table:
         self.data, self.pos = data, 0
 
     def varint(self, what: str) -> int:
-        value = shift = 0
-        for _ in range(9):  # 63 bits: every count, length and offset of the format fits
-            if self.pos >= len(self.data):
-                raise SchemaViolation(f"the section table ends inside {what}")
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-        raise SchemaViolation(f"the section table's {what} is longer than 9 bytes")
+        try:  # 9 bytes, 63 bits: every count, length and offset of the format fits
+            value, self.pos = decode_varint(self.data, self.pos, 9)
+        except VarintError as error:
+            if error.truncated:
+                raise SchemaViolation(f"the section table ends inside {what}") from None
+            raise SchemaViolation(f"the section table's {what} is longer than 9 bytes") from None
+        return value
 
     def take(self, n: int, what: str) -> bytes:
         if n > len(self.data) - self.pos:

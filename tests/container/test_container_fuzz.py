@@ -153,6 +153,16 @@ def test_truncation_plus_flips_is_refused(
     assert_refused(victim, damaged, f"cut {cut % len(original)}, bits {bits}")
 
 
+def with_newest_record(original: bytes, slot: Slot, raw: bytes) -> bytes:
+    """`original` with its newest index record replaced by `raw` and its slot signed again."""
+    forged = Slot(slot.number, slot.generation, slot.index_offset, len(raw), crc32c(raw))
+    head = bytearray(original[: slot.index_offset] + raw)
+    head[SLOT_OFFSETS[slot.number] : SLOT_OFFSETS[slot.number] + 32] = encode_slot(
+        original[:16], forged
+    )
+    return bytes(head)
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
     | st.text(max_size=12),
@@ -184,12 +194,7 @@ def test_forged_index_records_with_valid_checksums_never_crash(
             target, key = value, sorted(value)[step % len(value)]
     target[key] = data.draw(JSON)
     raw = json.dumps(record, ensure_ascii=data.draw(st.booleans())).encode()
-    forged = Slot(slot.number, slot.generation, slot.index_offset, len(raw), crc32c(raw))
-    head = bytearray(original[: slot.index_offset] + raw)
-    head[SLOT_OFFSETS[slot.number] : SLOT_OFFSETS[slot.number] + 32] = encode_slot(
-        original[:16], forged
-    )
-    put(victim, bytes(head))
+    put(victim, with_newest_record(original, slot, raw))
     with contextlib.suppress(ContainerError):  # refusing is fine; any other exception is not
         read_everything(victim)
 
@@ -216,12 +221,7 @@ def test_forged_binary_tables_with_valid_checksums_never_crash(
         else:
             del table[at : at + data.draw(st.integers(1, 6))]
     raw = bytes(raw[: 4 + size] + table)
-    forged = Slot(slot.number, slot.generation, slot.index_offset, len(raw), crc32c(raw))
-    head = bytearray(original[: slot.index_offset] + raw)
-    head[SLOT_OFFSETS[slot.number] : SLOT_OFFSETS[slot.number] + 32] = encode_slot(
-        original[:16], forged
-    )
-    put(victim, bytes(head))
+    put(victim, with_newest_record(original, slot, raw))
     with contextlib.suppress(ContainerError):  # refusing is fine; any other exception is not
         read_everything(victim)
 
