@@ -83,7 +83,10 @@ class VarintError(Exception):
 
 
 def decode_varint(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
-    """(value, position after it) of the LEB128 varint at `data[pos]`, at most `max_bytes`."""
+    """(value, position after it) of the LEB128 varint at `data[pos]`, at most `max_bytes`.
+
+    The codec library has its twin (seqkv_codecs.varint); the container keeps its own because
+    it imports nothing beyond the standard library and google-crc32c (package docstring)."""
     value = shift = 0
     for i in range(max_bytes):
         if pos + i >= len(data):

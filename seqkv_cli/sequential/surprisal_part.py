@@ -18,20 +18,21 @@ from seqkv_cli.errors import SeqkvError
 def encode_surprisal_part(stored: torch.Tensor, recomputed: torch.Tensor) -> bytes:
     from seqkv_codecs.surprisal_delta import encode_surprisal_delta
 
-    raw = stored.double().numpy().astype("<f8").tobytes()
-    coded = encode_surprisal_delta(stored.double().numpy(), recomputed.double().numpy())
+    values = stored.double().numpy()
+    raw = values.astype("<f8").tobytes()
+    coded = encode_surprisal_delta(values, recomputed.double().numpy())
     return coded if len(coded) < len(raw) else raw
 
 
 def decode_surprisal_part(data: bytes, recomputed: torch.Tensor) -> torch.Tensor:
     """The capture's surprisal from its part and the recompute (CorruptStreamError if bad)."""
-    from seqkv_codecs.surprisal_delta import MAGIC, apply_surprisal_delta
+    from seqkv_codecs.surprisal_delta import apply_surprisal_delta
 
     n = recomputed.shape[0]
+    if not plausible_surprisal_part(data, n):
+        raise SeqkvError(f"its stored surprisal holds {len(data)} bytes, not {8 * n}")
     if len(data) == 8 * n:
         return torch.from_numpy(np.frombuffer(data, "<f8").astype(np.float64))
-    if data[: len(MAGIC)] != MAGIC or len(data) > 8 * n:
-        raise SeqkvError(f"its stored surprisal holds {len(data)} bytes, not {8 * n}")
     return torch.from_numpy(apply_surprisal_delta(data, recomputed.double().numpy()))
 
 
