@@ -13,51 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import FAMILIES, tiny_family_model
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.portable import exact
 from seqkv_cli.runtime.portable.model import PortableLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-FAMILIES = {
-    "llama": {},
-    "mistral": {"sliding_window": 6},
-    "qwen2": {},
-    "qwen3": {},
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
-    "gemma2": {"sliding_window": 6},
-    "gemma3_text": {"sliding_window": 6},
-    "phi3": {},
-    "olmo2": {},
-    "granite": {},
-}
-
-
-def tiny_family_model(model_type: str, seed: int = 0, **extra):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    kw = dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    kw.update(FAMILIES.get(model_type, {}), **extra)
-    config = AutoConfig.for_model(model_type, **kw)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # larger weights than the init default: less flat distributions
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    return model
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -13,13 +13,14 @@ positions; soft-capping uses the portable tanh.
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable import exact, kernels
 
 ATTENTION_NAME = "seqkv_portable"
 QUERY_BLOCK = 128  # query rows per pass: bounds the (rows x keys) score matrix
@@ -129,14 +130,14 @@ def portable_attention(
         scaling = query.shape[-1] ** -0.5
     with _disable_current_modes():
         outs = [
-            _attend(state, module.layer_idx, query[row], scaling, sliding_window, softcap)
+            attend(state, module.layer_idx, query[row], scaling, sliding_window, softcap)
             for row, state in enumerate(rows)
         ]
         out = torch.stack(outs).to(query.dtype)  # (batch, q_len, heads, head_dim)
     return out, None
 
 
-def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
+def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
     """One sequence: q (heads, m, hd) at positions length..length+m; returns (m, heads, hd)."""
     heads, m, hd = q.shape
     kvh = state.keys.shape[1]
@@ -153,6 +154,10 @@ def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         rows = torch.arange(s, min(m, s + QUERY_BLOCK), **on)
         sel = (torch.arange(groups, **on)[:, None] * m + rows[None, :]).reshape(-1)
         qpos = (p0 + rows).repeat(groups)
+        if softcap is None and kernels.usable(q):
+            acc, total = _scores_to_values(state, qg[:, sel], kq, ek, vq, ev, qpos, scaling, window)
+            parts.append((acc / total).view(kvh, groups, len(rows), hd))
+            continue
         scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.limbs) * scaling
         if softcap is not None:
             scores = exact.tanh(scores / softcap) * softcap
@@ -168,6 +173,38 @@ def _attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         parts.append((acc / total).view(kvh, groups, len(rows), hd))
     out = torch.cat(parts, dim=2)  # (kvh, groups, m, hd)
     return out.reshape(heads, m, hd).transpose(0, 1)
+
+
+def _scores_to_values(state, q, kq, ek, vq, ev, qpos, scaling, window):
+    """The block above with its elementwise steps in one native pass (kernels.softmax_weights):
+    the same two exact products, the same bits; returns (weights @ V, numerator totals)."""
+    limbs, kbits, vbits = state.limbs, state.key_bits, state.value_bits
+    if limbs == 1:
+        xq, ex = exact.quantize_rows(q, kbits)
+    else:
+        xq, ex = kernels.split_stacked(exact.f64(q), kbits)
+    w, ew, total = kernels.softmax_weights(
+        torch.matmul(xq, kq.transpose(-1, -2)),
+        ex,
+        ek,
+        ev,
+        qpos,
+        state.bits,
+        window,
+        limbs,
+        scaling,
+        exact.EXP_KERNEL,
+    )
+    sv = torch.matmul(w, vq)
+    if limbs == 1:
+        return exact.scale(sv, ew), total
+    # No column scale: each key's value scale is folded into its weight already.
+    return kernels.combine(sv, ew, _zeros(sv.shape[-1]), vbits), total
+
+
+@functools.cache
+def _zeros(n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int64)
 
 
 def _weighted_values(weights, vq, bits: int, limbs: int) -> torch.Tensor:

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from seqkv_cli.runtime.portable import kernels
 
 NUMERIC_PATH = "portable-fx53-v1"
 NUMERIC_PATH_V2 = "portable-fx53-v2"
@@ -44,7 +47,7 @@ _PIO2 = (  # pi/2 in three parts of 33 bits (Cody-Waite): k * part is exact for 
     float.fromhex("0x1.0b4611a600000p-34"),
     float.fromhex("0x1.3198a2e037073p-69"),
 )
-_EXP_TERMS = 14  # Taylor terms of exp on |r| <= ln2/2: truncation < 2**-60
+_EXP_TERMS = kernels.EXP_TERMS  # Taylor terms of exp on |r| <= ln2/2: truncation < 2**-60
 _TRIG_TERMS = 11  # Taylor terms of sin/cos on |r| <= pi/4
 _EXP_MIN, _EXP_MAX = -745.0, 709.0
 
@@ -75,6 +78,8 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     The scale depends on that row alone, so a row quantizes the same in any batch.
     """
     a = f64(x)
+    if kernels.usable(a):
+        return kernels.quantize_rows(a, bits)
     _, exponent = torch.frexp(a.abs().amax(dim=-1, keepdim=True))
     # Clamped so that any two scales multiply to a normal power of two (|e1 + e2| < 1022);
     # rows beyond 2**±450 never occur (fp32 ends at 2**128).
@@ -98,6 +103,8 @@ def split_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, 
     is 0 or ±1 and x within a factor 2 of 2**e), and it is at most 2**(e-1).
     """
     a = f64(x)
+    if kernels.usable(a):
+        return kernels.split_rows(a, bits)
     x1, e = quantize_rows(a, bits)
     x2 = torch.round(scale(a - scale(x1, e), bits - e))
     return x1, x2, e
@@ -114,11 +121,37 @@ def fixed_product(
     if limbs == 1:
         xq, ex = quantize_rows(x, bits)
         return fixed_matmul(xq, ex, wq, ew)
+    if kernels.usable(x) and wq.dim() == 2:  # the same steps, without the torch temporaries
+        k = x.shape[-1]
+        both, ex = kernels.split_stacked(f64(x).reshape(1, -1, k), bits)
+        out = kernels.combine(torch.matmul(both, wq.transpose(-1, -2)), ex, ew, bits)
+        return out.view(*x.shape[:-1], wq.shape[0])
     x1, x2, ex = split_rows(x, bits)
     m = x1.shape[-2]
     s = torch.matmul(torch.cat([x1, x2], dim=-2), wq.transpose(-1, -2))
     e = ex + ew.transpose(-1, -2)  # >= -969 (quantize_rows' clamp): 2**(e - bits) is normal
     return scale(s[..., :m, :], e) + scale(s[..., m:, :], e - bits)
+
+
+def native_product(x: torch.Tensor, limbs: int) -> bool:
+    """Whether `kernel_product` should run ``x @ W.T`` (few rows on a CPU: a step)."""
+    return x[..., 0].numel() * limbs <= kernels.MAX_KERNEL_ROWS and kernels.usable(x)
+
+
+def kernel_product(
+    x: torch.Tensor, bits: int, w: tuple[torch.Tensor, torch.Tensor], ew: torch.Tensor, limbs=1
+) -> torch.Tensor:
+    """`fixed_product` with the weight integers as `kernels.split_weights` (hi, lo) (N, K): the
+    same bits, read at three bytes a weight by the native loop (kernels.int_products)."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k)
+    if limbs == 1:
+        xq, ex = quantize_rows(rows, bits)
+        out = scale(kernels.int_products(xq, *w), ex + ew.transpose(-1, -2))
+    else:
+        both, ex = kernels.split_stacked(f64(rows)[None], bits)
+        out = kernels.combine(kernels.int_products(both[0], *w)[None], ex, ew, bits)
+    return out.view(*x.shape[:-1], w[0].shape[0])
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, limbs: int = 1) -> torch.Tensor:
@@ -157,11 +190,21 @@ def _poly(r: torch.Tensor, coefficients: list[float]) -> torch.Tensor:
 
 
 _EXP_COEF = [1.0 / math.factorial(n) for n in range(_EXP_TERMS)]
+EXP_KERNEL = (  # the same constants for the native kernel (Horner order: highest first)
+    np.array(_EXP_COEF[::-1], dtype=np.float64),
+    _LOG2E,
+    _LN2_HI,
+    _LN2_LO,
+    _EXP_MIN,
+    _EXP_MAX,
+)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e**x: x = k·ln2 + r, Taylor polynomial of e**r, times 2**k."""
     a = f64(x)
+    if kernels.usable(a):
+        return kernels.exp(a, EXP_KERNEL).to(x.dtype)
     neg_inf = a == -math.inf
     a = a.clamp(_EXP_MIN, _EXP_MAX)
     k = torch.round(a * _LOG2E)

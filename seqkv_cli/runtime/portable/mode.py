@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable import exact, kernels
 
 aten = torch.ops.aten
 
@@ -204,24 +204,50 @@ class PortableMode(TorchDispatchMode):
         )
 
 
+class QuantizedWeight:
+    """One parameter's quantized rows: split into narrow integers where a native kernel reads
+    them (CPU: `kernels.split_weights`, 3 bytes a weight), the same integers as fp64 for a
+    BLAS product (made on first use), and their exponents."""
+
+    def __init__(self, w: torch.Tensor, bits: int) -> None:
+        xq, self.e = exact.quantize_rows(w, bits)
+        # The kernel takes one (N, K) matrix of |integers| <= 2**23; stacked (expert) weights
+        # and wider integers keep the BLAS product.
+        native = w.device.type == "cpu" and w.dim() == 2 and bits <= 23 and kernels.enabled()
+        self.ints = kernels.split_weights(xq) if native else None
+        self._f64 = None if native else xq.contiguous()
+
+    @property
+    def f64(self) -> torch.Tensor:
+        if self._f64 is None:
+            hi, lo = self.ints
+            self._f64 = hi.to(torch.float64) * 256.0 + lo.to(torch.float64)  # exact
+        return self._f64
+
+    def product(self, x: torch.Tensor, bits: int, limbs: int) -> torch.Tensor:
+        """Exact fp64 ``x @ Wᵀ`` in the portable definition (`exact.fixed_product`'s bits)."""
+        if self.ints is not None and exact.native_product(x, limbs):
+            return exact.kernel_product(x, bits, self.ints, self.e, limbs)
+        return exact.fixed_product(x, bits, self.f64, self.e, limbs)
+
+
 class WeightCache:
     """Quantized rows of the model's parameters, made once (they never change in inference)."""
 
     def __init__(self, model) -> None:
         self._owners = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self._owners |= {b.untyped_storage().data_ptr() for b in model.buffers()}
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cache: dict[tuple, QuantizedWeight] = {}
 
-    def rows(self, w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``quantize_rows(w, bits)``, cached when ``w`` is (a view of) a parameter."""
+    def rows(self, w: torch.Tensor, bits: int) -> QuantizedWeight:
+        """``w``'s rows quantized to ``bits``, cached when ``w`` is (a view of) a parameter."""
         ptr = w.untyped_storage().data_ptr()
         if ptr not in self._owners:
-            return exact.quantize_rows(w, bits)
+            return QuantizedWeight(w, bits)
         key = (ptr, w.storage_offset(), tuple(w.shape), tuple(w.stride()), bits)
         hit = self._cache.get(key)
         if hit is None:
-            xq, e = exact.quantize_rows(w, bits)
-            hit = self._cache[key] = (xq.contiguous(), e)
+            hit = self._cache[key] = QuantizedWeight(w, bits)
         return hit
 
 
@@ -230,8 +256,7 @@ def _matmul(mode: PortableMode, a: torch.Tensor, b: torch.Tensor, dtype) -> torc
     if k == 1:
         return exact.matmul(a, b).to(dtype)
     bits = exact.contraction_bits(k)
-    wq, ew = mode.weights.rows(b.transpose(-1, -2), bits)
-    return exact.fixed_product(a, bits, wq, ew, mode.limbs).to(dtype)
+    return mode.weights.rows(b.transpose(-1, -2), bits).product(a, bits, mode.limbs).to(dtype)
 
 
 def _mm(mode, func, args, kwargs):
@@ -252,8 +277,8 @@ def _linear(mode, func, args, kwargs):
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     k = x.shape[-1]
     bits = exact.contraction_bits(k)
-    wq, ew = mode.weights.rows(w, bits)  # rows of W are the contraction vectors already
-    out = exact.fixed_product(x, bits, wq, ew, mode.limbs)
+    # rows of W are the contraction vectors already
+    out = mode.weights.rows(w, bits).product(x, bits, mode.limbs)
     if bias is not None:
         out = out + bias.to(torch.float64)
     return out.to(x.dtype)

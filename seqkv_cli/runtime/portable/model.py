@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import warnings
 
 import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.devices import model_device
 from seqkv_cli.runtime.hfcompat import cache_kwarg
-from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable import exact, fused, kernels
 from seqkv_cli.runtime.portable.attention import (
     ATTENTION_NAME,
     PortableState,
@@ -75,6 +76,7 @@ class PortableLM:
         self.weights = WeightCache(hf_model)
         self._configs = list({id(c): c for c in _configs(hf_model)}.values())
         self._rotary = self._portable_rotary()
+        self.fused = self._fused_decoder()
 
     def _mode(self) -> PortableMode:
         return PortableMode(self.weights, self.model_type, self.limbs)
@@ -132,6 +134,34 @@ class PortableLM:
                 inv_freq, _ = fn(module.config, device=module.inv_freq.device)
             tables.append((module, inv_freq.to(module.inv_freq.dtype)))
         return tables
+
+    def _fused_decoder(self) -> fused.FusedDecoder | None:
+        """The fused forward where it mirrors this model and, probed here, agrees bit for bit
+        with the reference (a prefill, then a step: logits and every K/V)."""
+        if not kernels.enabled() or not fused.fusable(self.model, self.model_type):
+            return None
+        rotary = self.model.model.rotary_emb
+        inv_freq = next((f for m, f in self._rotary if m is rotary), None)
+        if inv_freq is None:
+            return None
+        decoder = fused.FusedDecoder(self.model, self.weights, self.limbs, inv_freq)
+        ids = torch.arange(7) % self.vocab_size
+        runs = []
+        for run in (self._run_reference, decoder.run):
+            state = self.new_state(7)
+            logits = [
+                self._forward_with(run, state, ids[:5]),
+                self._forward_with(run, state, ids[5:7]),
+            ]
+            runs.append((torch.cat(logits), state.keys[:, :, :7], state.values[:, :, :7]))
+        if all(_same_bits(a, b) for a, b in zip(*runs, strict=True)):
+            return decoder
+        warnings.warn(
+            f"seqkv: the fused {self.model_type} forward does not match this transformers "
+            "version's modeling code bit for bit; using the reference forward (same bits, slower)",
+            stacklevel=2,
+        )
+        return None
 
     def new_state(self, capacity: int) -> PortableState:
         if capacity > self.max_context:
@@ -198,7 +228,26 @@ class PortableLM:
             s.length -= m - len(x)  # the padding is not part of the sequence
         return [logits[i, : len(x)] for i, x in enumerate(lists)]
 
+    def _forward_with(self, run, state, ids) -> torch.Tensor:
+        positions = (state.length + torch.arange(len(ids)))[None]
+        logits = run([state], ids[None], positions)
+        state.length += len(ids)
+        return logits[0].float()
+
     def _run(self, states, ids, positions) -> torch.Tensor:
+        """Next-token logits (batch, seq, vocab) on the CPU; each state grows by seq positions."""
+        if self.fused is not None:
+            logits = self.fused.run(states, ids.to(self.device), positions.to(self.device))
+            logits = logits.float().cpu()
+        else:
+            logits = self._run_reference(states, ids, positions)
+        for s in states:
+            s.length += ids.shape[1]
+        return logits
+
+    def _run_reference(self, states, ids, positions) -> torch.Tensor:
+        """The model's own code under `PortableMode`: the definition's bits (states' lengths
+        are left to the caller)."""
         token = current_rows.set(states)
         try:
             # An already-built 4D mask is passed through by transformers' mask helpers;
@@ -212,12 +261,15 @@ class PortableLM:
                     **{cache_kwarg(type(self.model).forward): RowsCache(states)},
                     use_cache=True,
                 )
-            logits = out.logits.float().cpu()  # the coder's tables are built on the CPU
+            return out.logits.float().cpu()  # the coder's tables are built on the CPU
         finally:
             current_rows.reset(token)
-        for s in states:
-            s.length += ids.shape[1]
-        return logits
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(
+        a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)
+    )
 
 
 def _configs(hf_model):

@@ -1,0 +1,76 @@
+"""The native kernels and the fused decoder give the reference's bits, for every family.
+
+The reference is the model's own transformers code under `PortableMode` with every primitive
+in torch (``SEQKV_PORTABLE_KERNELS=reference``); the default run uses the numba kernels for
+products, transcendentals and attention, and the fused decoder for llama/mistral/qwen2/qwen3.
+Both are compared on one prefill, chunks, token-by-token steps and two sequences stepped as
+rows: logits and every K/V tensor, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import FAMILIES, tiny_family_model
+from seqkv_cli.runtime.portable import exact, fused, kernels
+from seqkv_cli.runtime.portable.model import PortableLM
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.view(torch.uint8))
+
+
+def _run_all_ways(lm: PortableLM, ids: torch.Tensor) -> list[torch.Tensor]:
+    n = len(ids)
+    whole_state = lm.new_state(n)
+    whole = lm.forward(whole_state, ids)
+    steps_state = lm.new_state(n)
+    steps = torch.cat([lm.forward(steps_state, ids[i : i + 1]) for i in range(n)])
+    chunk_state = lm.new_state(n)
+    chunks = torch.cat([lm.forward(chunk_state, ids[a:b]) for a, b in ((0, 9), (9, 10), (10, n))])
+    row_a, row_b = lm.new_state(n), lm.new_state(n)
+    lm.forward(row_b, ids[:5])
+    rows = torch.stack(
+        [lm.forward_rows([row_a, row_b], [int(ids[i]), int(ids[i + 5])]) for i in range(n - 5)]
+    )
+    out = [whole, steps, chunks, rows]
+    for state in (whole_state, steps_state, chunk_state, row_a, row_b):
+        out += [state.keys[:, :, : state.length], state.values[:, :, : state.length]]
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_native_run_gives_the_reference_bits(family, monkeypatch):
+    ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(2))
+    model = tiny_family_model(family, max_position_embeddings=64)
+    native_lm = PortableLM(model)
+    assert (native_lm.fused is not None) == (family in fused.FAMILIES)
+    native = _run_all_ways(native_lm, ids)
+    monkeypatch.setenv(kernels.ENV, "reference")
+    reference_lm = PortableLM(model)
+    assert reference_lm.fused is None and not kernels.enabled()
+    reference = _run_all_ways(reference_lm, ids)
+    for got, want in zip(native, reference, strict=True):
+        assert _same(got, want)
+
+
+def test_fused_decoder_is_probed_and_dropped_where_it_differs(monkeypatch):
+    """A fused forward that differs from this transformers' modeling code is not used."""
+    model = tiny_family_model("llama")
+
+    def off_by_one_ulp(self, x, module):
+        out = original(x, module)
+        return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+    original = fused.FusedDecoder._rms_norm
+    monkeypatch.setattr(fused.FusedDecoder, "_rms_norm", staticmethod(off_by_one_ulp.__get__(0)))
+    with pytest.warns(UserWarning, match="does not match this transformers version"):
+        lm = PortableLM(model)
+    assert lm.fused is None
+
+
+def test_v1_files_run_the_kernels_too():
+    model = tiny_family_model("llama")
+    lm = PortableLM(model, exact.NUMERIC_PATH)
+    assert lm.fused is not None and lm.limbs == 1
