@@ -48,6 +48,8 @@ def decode_digests(path: Path, model: str | None) -> dict[str, str]:
 def variants(threads: list[int], mkl: bool = True) -> list[dict[str, str]]:
     """Environment variants this CPU can run (an ISA it lacks would die of SIGILL)."""
     out = [{"SEQKV_BENCH_THREADS": str(n)} for n in threads]
+    # The native kernels compiled for baseline x86-64 (SSE2), and not run at (the reference).
+    out += [{"NUMBA_CPU_NAME": "generic"}, {"SEQKV_PORTABLE_KERNELS": "reference"}]
     out += [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "default"}]  # slowest last
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists() and "avx512f" in cpuinfo.read_text():

@@ -223,6 +223,8 @@ def _variant_id(env):
         {"SEQKV_BENCH_THREADS": "7"},
         {"ATEN_CPU_CAPABILITY": "default", "SEQKV_BENCH_THREADS": "2"},
         {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "SEQKV_BENCH_THREADS": "8"},
+        {"NUMBA_CPU_NAME": "generic", "SEQKV_BENCH_THREADS": "3"},
+        {"SEQKV_PORTABLE_KERNELS": "reference", "SEQKV_BENCH_THREADS": "2"},
     ],
     ids=_variant_id,
 )
@@ -250,6 +252,10 @@ def test_embedded_model_archive_decodes_the_same_under_other_isa_and_threads(emb
     for env in (
         {"ATEN_CPU_CAPABILITY": "default", "SEQKV_BENCH_THREADS": "5"},
         {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "SEQKV_BENCH_THREADS": "3"},
+        # written with the native kernels and the fused decoder, read by the reference alone,
+        # and by kernels compiled for baseline x86-64
+        {"SEQKV_PORTABLE_KERNELS": "reference", "SEQKV_BENCH_THREADS": "1"},
+        {"NUMBA_CPU_NAME": "generic", "SEQKV_BENCH_THREADS": "2"},
     ):
         got, _ = decode_in_child(tmp_path / "code.skv", None, env, timeout=600)
         assert got == want, json.dumps(env)

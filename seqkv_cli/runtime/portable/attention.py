@@ -24,6 +24,9 @@ from seqkv_cli.runtime.portable import exact, kernels
 
 ATTENTION_NAME = "seqkv_portable"
 QUERY_BLOCK = 128  # query rows per pass: bounds the (rows x keys) score matrix
+# Query rows per KV head up to which one native pass does the whole block, products included
+# (a step, or a few guessed tokens); more rows are faster through the fp64 BLAS.
+STEP_ROWS = 16
 
 # The sequences of the forward call in progress (one per batch row), set by PortableLM.
 current_rows: contextvars.ContextVar[list] = contextvars.ContextVar("seqkv_portable_rows")
@@ -154,6 +157,12 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         rows = torch.arange(s, min(m, s + QUERY_BLOCK), **on)
         sel = (torch.arange(groups, **on)[:, None] * m + rows[None, :]).reshape(-1)
         qpos = (p0 + rows).repeat(groups)
+        if softcap is None and kernels.usable(q) and groups * len(rows) <= STEP_ROWS:
+            block = kernels.attend_rows(
+                exact.f64(qg[:, sel]), state, layer, n, qpos, window, scaling, exact.EXP_KERNEL
+            )
+            parts.append(block.view(kvh, groups, len(rows), hd))
+            continue
         if softcap is None and kernels.usable(q):
             acc, total = _scores_to_values(state, qg[:, sel], kq, ek, vq, ev, qpos, scaling, window)
             parts.append((acc / total).view(kvh, groups, len(rows), hd))

@@ -56,13 +56,22 @@ class FusedDecoder:
 
     # -- the reference's operations, one by one ------------------------------------------
 
-    def _linear(self, x: torch.Tensor, module) -> torch.Tensor:
-        """mode._linear: exact product, fp64 bias add, back to x's dtype."""
+    def _linear(self, x: torch.Tensor, *modules) -> list[torch.Tensor]:
+        """mode._linear of each module over the same x: exact product, fp64 bias add, back to
+        x's dtype; several modules go through one product of their stacked rows."""
         bits = exact.contraction_bits(x.shape[-1])
-        out = self.weights.rows(module.weight, bits).product(x, bits, self.limbs)
-        if module.bias is not None:
-            out = out + module.bias.to(torch.float64)
-        return out.to(x.dtype)
+        if len(modules) == 1:
+            weight = self.weights.rows(modules[0].weight, bits)
+        else:
+            weight = self.weights.stacked([m.weight for m in modules], bits)
+        both = weight.product(x, bits, self.limbs)
+        sizes = [m.weight.shape[0] for m in modules]
+        outs = []
+        for module, out in zip(modules, both.split(sizes, dim=-1), strict=True):
+            if module.bias is not None:
+                out = out + module.bias.to(torch.float64)
+            outs.append(out.to(x.dtype))
+        return outs
 
     @staticmethod
     def _rms_norm(x: torch.Tensor, module) -> torch.Tensor:
@@ -96,12 +105,10 @@ class FusedDecoder:
     def _attention(self, layer, attn, x, cos, sin, states) -> torch.Tensor:
         batch, seq = x.shape[:2]
         shape = (batch, seq, -1, attn.head_dim)
-        q = self._linear(x, attn.q_proj).view(shape)
-        k = self._linear(x, attn.k_proj).view(shape)
+        q, k, v = (p.view(shape) for p in self._linear(x, attn.q_proj, attn.k_proj, attn.v_proj))
         if hasattr(attn, "q_norm"):  # qwen3: RMSNorm over each head before the rotation
             q, k = self._rms_norm(q, attn.q_norm), self._rms_norm(k, attn.k_norm)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self._linear(x, attn.v_proj).view(shape).transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         for row, state in enumerate(states):  # RowsCache.update
@@ -112,11 +119,11 @@ class FusedDecoder:
             for row, state in enumerate(states)
         ]
         out = torch.stack(outs).to(q.dtype).reshape(batch, seq, -1).contiguous()
-        return self._linear(out, attn.o_proj)
+        return self._linear(out, attn.o_proj)[0]
 
     def _mlp(self, mlp, x) -> torch.Tensor:
-        gate = exact.silu(self._linear(x, mlp.gate_proj))
-        return self._linear(gate * self._linear(x, mlp.up_proj), mlp.down_proj)
+        gate, up = self._linear(x, mlp.gate_proj, mlp.up_proj)
+        return self._linear(exact.silu(gate) * up, mlp.down_proj)[0]
 
     @torch.inference_mode()
     def run(self, states, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -129,4 +136,4 @@ class FusedDecoder:
             x = self._rms_norm(h, block.post_attention_layernorm)
             h = h + self._mlp(block.mlp, x)
         h = self._rms_norm(h, self.base.norm)
-        return self._linear(h, self.model.lm_head)
+        return self._linear(h, self.model.lm_head)[0]

@@ -230,6 +230,64 @@ def _compiled() -> dict:
                     w[h, rows + r, j] = np.rint((buf[j] - q * back) * rest)
                 buf[j] = q
 
+    @njit(inline="always", **sum_flags)
+    def dot(a, b):  # integer-valued terms, every partial sum below 2**53: exact in any order
+        acc = 0.0
+        for i in range(a.shape[0]):
+            acc += a[i] * b[i]
+        return acc
+
+    def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out):
+        """attention.attend for a few query rows (a step), products included: per (head,
+        row) the query's limbs, its integer sums with the first n keys, the softmax weights as
+        `softmax_weights`, and their integer sums with the values, scaled and divided."""
+        heads, rows, hd = out.shape
+        kbits, vbits, pbits, window, limbs, scaling = spec
+        kb, vb, pb, wnd, two = int(kbits), int(vbits), int(pbits), int(window), limbs == 2.0
+        for t in prange(heads * rows):
+            h = t // rows
+            r = t - h * rows
+            x1 = np.empty(hd)
+            x2 = np.zeros(hd)
+            e = row_exponent(q[h, r], kb)
+            down, back, rest = pow2(-e), pow2(e), pow2(kb - e)
+            for d in range(hd):
+                x1[d] = np.rint(q[h, r, d] * down)
+                x2[d] = np.rint((q[h, r, d] - x1[d] * back) * rest)
+            buf = np.empty(n)
+            for j in range(n):
+                ej = e + ek[h, j]
+                sc = dot(x1, kq[h, j]) * pow2(ej)
+                if two:
+                    sc = sc + dot(x2, kq[h, j]) * pow2(ej - kb)
+                sc = sc * scaling
+                hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
+                buf[j] = -math.inf if hidden else sc
+            peak = -math.inf
+            for j in range(n):
+                if buf[j] > peak or buf[j] != buf[j]:  # amax propagates NaN
+                    peak = buf[j]
+            unit = pow2(pb)
+            for j in range(n):
+                buf[j] = np.rint(exp1(buf[j] - peak, coef, c1, c2, c3, c4, c5) * unit)
+            total = integer_sum(buf)
+            for j in range(n):
+                buf[j] = buf[j] * pow2(ev[h, j])
+            ew = row_exponent(buf, vb)
+            down, back, rest = pow2(-ew), pow2(ew), pow2(vb - ew)
+            acc1 = np.zeros(hd)
+            acc2 = np.zeros(hd)
+            for j in range(n):  # integer sums again: any order is exact
+                w1 = np.rint(buf[j] * down)
+                w2 = np.rint((buf[j] - w1 * back) * rest) if two else 0.0
+                for d in range(hd):
+                    acc1[d] += w1 * vq[h, j, d]
+                    acc2[d] += w2 * vq[h, j, d]
+            hi, lo = pow2(ew), pow2(ew - vb)
+            for d in range(hd):
+                v = acc1[d] * hi + acc2[d] * lo if two else acc1[d] * hi
+                out[h, r, d] = v / total
+
     def both(fn, flags):
         return njit(**flags)(fn), njit(parallel=True, **flags)(fn)
 
@@ -240,11 +298,16 @@ def _compiled() -> dict:
         "split": both(split, exact_flags),
         "combine": both(combine, exact_flags),
         "softmax_weights": both(softmax_weights, exact_flags),
+        "attend_rows": both(attend_rows, exact_flags),
     }
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
+    """A numpy view of t (a copy only where t is not contiguous): attribute checks, not
+    dispatched torch ops, because a step makes thousands of these calls."""
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
 def split_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,3 +421,43 @@ def softmax_weights(
     )
     as_t = torch.from_numpy
     return as_t(w), as_t(ew).view(heads, rows, 1), as_t(total).view(heads, rows, 1)
+
+
+def attend_rows(
+    q: torch.Tensor,
+    state,
+    layer: int,
+    n: int,
+    qpos: torch.Tensor,
+    window: int | None,
+    scaling: float,
+    constants: tuple,
+) -> torch.Tensor:
+    """attention.attend's block for few query rows, both products included (same bits).
+
+    q (heads, R, hd) the query rows (fp64); the keys and values are the first ``n``
+    positions of `state`'s ``layer`` (read in place: no copy of the cache per step); qpos (R,)
+    each row's position. Returns fp64 (heads, R, hd).
+    """
+    heads, rows, hd = q.shape
+    out = np.empty((heads, rows, hd))
+    spec = (
+        *map(float, state.bits),
+        -1.0 if window is None else float(window),
+        float(state.limbs),
+        scaling,
+    )
+    cap = state.capacity
+    _variant("attend_rows", heads * rows * n * hd * 4)(
+        _np(q),
+        _np(state.kq[layer]),
+        _np(state.ek[layer]).reshape(heads, cap),
+        _np(state.vq[layer]),
+        _np(state.ev[layer]).reshape(heads, cap),
+        n,
+        _np(qpos),
+        spec,
+        *constants,
+        out,
+    )
+    return torch.from_numpy(out)

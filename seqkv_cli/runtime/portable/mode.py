@@ -217,6 +217,21 @@ class QuantizedWeight:
         self.ints = kernels.split_weights(xq) if native else None
         self._f64 = None if native else xq.contiguous()
 
+    @classmethod
+    def stacked(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """The rows of several weights over the same input as one (a row's integers depend on
+        that row alone, so one product gives each part's bits): one pass over x for q, k, v."""
+        out = cls.__new__(cls)
+        out.e = torch.cat([p.e for p in parts])
+        if all(p.ints is not None for p in parts):
+            wide = any(p.ints[0].dtype != torch.int16 for p in parts)
+            his = [p.ints[0].to(torch.int32) if wide else p.ints[0] for p in parts]
+            out.ints = (torch.cat(his), torch.cat([p.ints[1] for p in parts]))
+            out._f64 = None
+        else:
+            out.ints, out._f64 = None, torch.cat([p.f64 for p in parts])
+        return out
+
     @property
     def f64(self) -> torch.Tensor:
         if self._f64 is None:
@@ -241,14 +256,29 @@ class WeightCache:
 
     def rows(self, w: torch.Tensor, bits: int) -> QuantizedWeight:
         """``w``'s rows quantized to ``bits``, cached when ``w`` is (a view of) a parameter."""
-        ptr = w.untyped_storage().data_ptr()
-        if ptr not in self._owners:
+        if w.untyped_storage().data_ptr() not in self._owners:
             return QuantizedWeight(w, bits)
-        key = (ptr, w.storage_offset(), tuple(w.shape), tuple(w.stride()), bits)
+        key = self._key(w, bits)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = QuantizedWeight(w, bits)
         return hit
+
+    def stacked(self, ws: list[torch.Tensor], bits: int) -> QuantizedWeight:
+        """`QuantizedWeight.stacked` of parameters, cached; their single entries are dropped
+        (the stacked copy serves every call that reads them together)."""
+        key = ("stacked", *(self._key(w, bits) for w in ws))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = QuantizedWeight.stacked([self.rows(w, bits) for w in ws])
+            for w in ws:
+                self._cache.pop(self._key(w, bits), None)
+        return hit
+
+    @staticmethod
+    def _key(w: torch.Tensor, bits: int) -> tuple:
+        ptr = w.untyped_storage().data_ptr()
+        return (ptr, w.storage_offset(), tuple(w.shape), tuple(w.stride()), bits)
 
 
 def _matmul(mode: PortableMode, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:

@@ -23,10 +23,11 @@ from seqkv_cli.runtime.portable.attention import (
     ATTENTION_NAME,
     PortableState,
     RowsCache,
+    attend,
     current_rows,
     portable_attention,
 )
-from seqkv_cli.runtime.portable.mode import PortableMode, WeightCache
+from seqkv_cli.runtime.portable.mode import PortableMode, QuantizedWeight, WeightCache
 from seqkv_cli.runtime.surprisal import portable_surprisal_bits
 
 NUMERIC_PATH = exact.NUMERIC_PATH  # v1; the definitions this class runs are exact.LIMBS
@@ -331,12 +332,46 @@ def canary_digest(device=None) -> str:
 _canary_ok: dict[str, bool] = {}  # per device: a GPU is checked on its own kernels
 
 
+def kernels_agree() -> bool:
+    """Whether the native kernels the digest does not reach give the reference's bits here:
+    integer products over split weights at the 2**53 bound (every step's linears) and the
+    attention between its products (every step's softmax). Fixed inputs, like the digest's."""
+    i = torch.arange(4 * 1536, dtype=torch.int64)
+    x = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(4, 1536)
+    w = ((i * 104729 % 3001 - 1500).to(torch.float64) / 13.0).float().view(4, 1536)
+    w = torch.cat([w, w.flip(-1), -w, w * 1e-3]).repeat(8, 1)  # (128, 1536), row peaks differ
+    bits = exact.contraction_bits(1536)
+    got = [QuantizedWeight(w, bits).product(x[:n], bits, limbs) for n in (1, 3) for limbs in (1, 2)]
+    heads, n = 2, 40
+    states = []
+    for native in (True, False):
+        with contextlib.nullcontext() if native else kernels.reference():
+            state = PortableState(1, heads, 64, n, (23, 19, 40), limbs=2)
+            k = x.view(-1)[: heads * n * 64].view(heads, n, 64)
+            state.write(0, k, k.flip(-1) * 0.5)
+            state.length = n - 1
+            q = x.view(-1)[-4 * 64 :].view(4, 1, 64)  # 4 query heads over 2 KV heads, a step
+            states.append(attend(state, 0, q, 0.125, None, None))
+            if not native:
+                want = [
+                    exact.fixed_product(x[:m], bits, *exact.quantize_rows(w, bits), limbs)
+                    for m in (1, 3)
+                    for limbs in (1, 2)
+                ]
+    return all(_same_bits(a, b) for a, b in zip([*got, states[0]], [*want, states[1]], strict=True))
+
+
 def run_canary(device=None) -> None:
     """Refuse, with the check named, where this machine (or device) does not reproduce the
     definition."""
     where = str(device or "cpu")
     if where not in _canary_ok:
         _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
+        if _canary_ok[where] and where == "cpu" and kernels.enabled() and not kernels_agree():
+            raise SeqkvError(
+                "portable numerics: a native kernel gives other bits than the reference on this "
+                f"machine; set {kernels.ENV}=reference to code and decode without the kernels"
+            )
     if not _canary_ok[where]:
         on = "" if where == "cpu" else f" on {where}"
         raise SeqkvError(

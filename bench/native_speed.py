@@ -1,0 +1,195 @@
+"""The portable forward against a transformers fp32 one, in one run: issue 29's ratios.
+
+    python bench/native_speed.py --json bench/results/native_speed.json --append docs/BENCHMARKS.md
+
+* whole processes (the `seqkv` command, OMP_WAIT_POLICY=PASSIVE as it sets): `capture` of a
+  ~2,000-token text (prose + code) on the portable path against `capture --no-canonical`, and
+  a `seq-fast` restore of it (`decompress`: tokens plus one portable prefill);
+* in one process, interleaved so that both see the same machine: a one-token portable step
+  against a transformers DynamicCache step on the same tokens, a 256-token prefill each, and
+  `seq` decode of one session (and of 8 siblings as rows) against the transformers step loop;
+* the same with the native kernels off (``SEQKV_PORTABLE_KERNELS=reference``, the torch
+  reference of the definition), for the before/after.
+Run it alone: on 2 cores a neighbour's load is measured too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import SAMPLE, command_line, environment, environment_line, publish
+
+TOKENS = 2000
+
+
+def _seqkv(*args: str, env: dict | None = None) -> float:
+    """Seconds of one `seqkv` process (exit 0 required)."""
+    cmd = [sys.executable, "-m", "seqkv_cli", *args]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    seconds = time.perf_counter() - t
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return seconds
+
+
+def processes(folder: Path, lm, threads: int) -> dict:
+    text = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
+    ids = lm.tokenizer(text).input_ids[:TOKENS]
+    src = folder / "prose_code.txt"
+    src.write_text(lm.tokenizer.decode(ids))
+    threads = ("--threads", str(threads))
+    plain = _seqkv(
+        "capture", str(src), "-o", str(folder / "plain.safetensors"), "--no-canonical", *threads
+    )
+    canonical = _seqkv("capture", str(src), "-o", str(folder / "canon.safetensors"), *threads)
+    skv = folder / "fast.skv"
+    _seqkv(
+        "compress",
+        str(folder / "canon.safetensors"),
+        "-o",
+        str(skv),
+        "--codec",
+        "seq-fast",
+        *threads,
+    )
+    restore = _seqkv("decompress", str(skv), "-o", str(folder / "restored"), *threads)
+    return {
+        "capture_no_canonical_s": plain,
+        "capture_portable_s": canonical,
+        "seq_fast_restore_s": restore,
+        "capture_ratio": canonical / plain,
+        "seq_fast_restore_ratio": restore / plain,
+    }
+
+
+def in_process(lm, reference: bool) -> dict:
+    from transformers import DynamicCache
+
+    from bench.bench_seq import decode_speed
+    from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.hfcompat import forward_with_cache
+    from seqkv_cli.runtime.numerics import PORTABLE
+    from seqkv_cli.runtime.portable import kernels
+
+    text = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
+    ids = torch.tensor(lm.tokenizer(text).input_ids[:1200])
+    saved = os.environ.get(kernels.ENV)
+    if reference:
+        os.environ[kernels.ENV] = "reference"
+    try:
+        lm.extra.pop(f"canonical:{PORTABLE}", None)
+        canon = canonical_model(lm, PORTABLE)
+        state = canon.new_state(400)
+        with torch.inference_mode():
+            t = time.perf_counter()
+            canon.forward(state, ids[:256])
+            portable_prefill = time.perf_counter() - t
+            t = time.perf_counter()
+            _, cache = forward_with_cache(lm.model, ids[None, :256], DynamicCache())
+            hf_prefill = time.perf_counter() - t
+            ours, theirs = [], []
+            for i in range(256, 296):  # interleaved: both see the same machine
+                t = time.perf_counter()
+                canon.forward(state, ids[i : i + 1])
+                ours.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                _, cache = forward_with_cache(lm.model, ids[None, i : i + 1], cache)
+                theirs.append(time.perf_counter() - t)
+        step, hf_step = statistics.median(ours), statistics.median(theirs)
+        steps = 24 if reference else 96
+        one = decode_speed(lm, ids, 1, steps)
+        rows = decode_speed(lm, ids, 8, steps)
+        hf_loop = 1.0 / hf_step  # tokens/s of the transformers step loop
+    finally:
+        lm.extra.pop(f"canonical:{PORTABLE}", None)
+        if saved is None:
+            os.environ.pop(kernels.ENV, None)
+        else:
+            os.environ[kernels.ENV] = saved
+    return {
+        "prefill_256_s": portable_prefill,
+        "hf_prefill_256_s": hf_prefill,
+        "prefill_ratio": portable_prefill / hf_prefill,
+        "step_ms": 1000 * step,
+        "hf_step_ms": 1000 * hf_step,
+        "step_ratio": step / hf_step,
+        "seq_decode_tokens_per_s_1_session": one,
+        "seq_decode_tokens_per_s_8_sessions": rows,
+        "seq_decode_vs_hf_step_loop": one / hf_loop,
+        "siblings_8_vs_1": rows / one,
+    }
+
+
+def table(result: dict) -> str:
+    p, n, r = result["processes"], result["native"], result.get("reference")
+    lines = [
+        "| measurement | native kernels (default) | torch reference |",
+        "| --- | --- | --- |",
+    ]
+
+    def row(label, key, fmt):
+        ref = fmt.format(r[key]) if r else "not run"
+        lines.append(f"| {label} | {fmt.format(n[key])} | {ref} |")
+
+    row("prefill of 256 tokens, s (transformers fp32 beside it)", "prefill_256_s", "{:.2f}")
+    row("prefill / transformers prefill", "prefill_ratio", "{:.2f} x")
+    row("one-token step, ms", "step_ms", "{:.1f}")
+    row("step / transformers DynamicCache step", "step_ratio", "{:.2f} x")
+    row(
+        "`seq` decode, one session / transformers step loop",
+        "seq_decode_vs_hf_step_loop",
+        "{:.2f} x",
+    )
+    row("8 siblings as rows / one session", "siblings_8_vs_1", "{:.2f} x")
+    lines.append(
+        f"\nWhole processes ({TOKENS} tokens of prose + code): `seqkv capture` "
+        f"{p['capture_portable_s']:.1f} s against `--no-canonical` "
+        f"{p['capture_no_canonical_s']:.1f} s "
+        f"(**{p['capture_ratio']:.2f} x**); `seq-fast` restore (`decompress`) "
+        f"{p['seq_fast_restore_s']:.1f} s (**{p['seq_fast_restore_ratio']:.2f} x**). "
+        f"transformers step {n['hf_step_ms']:.1f} ms, prefill {n['hf_prefill_256_s']:.2f} s."
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-reference", action="store_true", help="only the default run")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--append", type=Path, help="append the Markdown table to this file")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what the seqkv command sets
+    torch.set_num_threads(args.threads)
+
+    from seqkv_cli.runtime.loading import load_model
+
+    lm = load_model()
+    result = {"environment": environment(lm)}
+    with tempfile.TemporaryDirectory() as tmp:
+        result["processes"] = processes(Path(tmp), lm, args.threads)
+    print("processes", result["processes"], flush=True)
+    result["native"] = in_process(lm, reference=False)
+    print("native", result["native"], flush=True)
+    if not args.skip_reference:
+        result["reference"] = in_process(lm, reference=True)
+        print("reference", result["reference"], flush=True)
+    heading = "### The portable forward at native speed (issue 29)\n\n"
+    env_line = environment_line(result["environment"], command_line())
+    publish(result, heading + env_line + "\n\n" + table(result) + "\n", args.json, args.append)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Each native kernel against the torch reference of the definition, on the values that break
+naive code: the 2**53 bound of a product, zero, subnormal and clamped rows, exp's range ends."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.portable import exact, kernels
+from seqkv_cli.runtime.portable import model as portable_model
+from seqkv_cli.runtime.portable.mode import QuantizedWeight
+
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="numba is not installed")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def _edge_rows() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(40, 96, dtype=torch.float64, generator=g) * 4.0
+    a[0] = 0.0
+    a[1] = 5e-324  # subnormal
+    a[2, :3] = torch.tensor([1e300, -1e300, 1.0])  # beyond the exponent clamp
+    a[3] = a[3] * 1e-200
+    a[4, :6] = torch.tensor([-745.5, 709.9, -744.0, 708.0, -0.0, 2.0**-1074])
+    a[5, 0] = -math.inf
+    return a
+
+
+def test_exp_matches_the_reference_bit_for_bit():
+    a = _edge_rows()
+    native = exact.exp(a)
+    with kernels.reference():
+        reference = exact.exp(a)
+    assert torch.equal(_bits(native), _bits(reference))
+    assert float(native[5, 0]) == 0.0  # exp(-inf)
+    assert torch.isnan(exact.exp(torch.tensor([math.nan], dtype=torch.float64))).all()
+
+
+@pytest.mark.parametrize("bits", [19, 21, 23, 26])
+def test_quantize_and_split_match_the_reference(bits):
+    a = _edge_rows()
+    native = [*exact.quantize_rows(a, bits), *exact.split_rows(a, bits)]
+    with kernels.reference():
+        reference = [*exact.quantize_rows(a, bits), *exact.split_rows(a, bits)]
+    for got, want in zip(native, reference, strict=True):
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def test_products_are_exact_at_the_two_to_the_53_bound():
+    """K terms of ±2**b · ±2**b with K · 2**(2b) = 2**53: every partial sum must stay exact."""
+    k = 2048
+    bits = exact.contraction_bits(k)
+    assert k * 4**bits <= 2**53
+    top = 2**bits
+    w = torch.full((6, k), top, dtype=torch.float64)
+    w[1] = -top
+    w[2, ::2] = -top
+    w[3] = torch.arange(k, dtype=torch.float64) % 7 - 3
+    w[4] = top - 1
+    w[5, :5] = torch.tensor([top, -top, 1.0, -1.0, 0.0])
+    x = torch.stack([w[0], w[2], w[4], -w[4], w[3]])
+    hi, lo = kernels.split_weights(w)
+    assert torch.equal(hi.double() * 256 + lo.double(), w)
+    got = kernels.int_products(x, hi, lo)
+    want = [[sum(int(a) * int(b) for a, b in zip(xr, wr, strict=True)) for wr in w] for xr in x]
+    assert got.tolist() == [[float(v) for v in row] for row in want]
+    assert max(abs(v) for row in want for v in row) == 2**53
+
+
+def test_split_weights_narrow_when_they_fit_and_widen_when_not():
+    w = torch.tensor([[2.0**21, -(2.0**21), 255.0, -256.0, -1.0, 0.0]])
+    hi, lo = kernels.split_weights(w)
+    assert hi.dtype == torch.int16 and lo.dtype == torch.uint8
+    assert torch.equal(hi.double() * 256 + lo.double(), w)
+    wide = torch.tensor([[2.0**23, -(2.0**23), 3.0]])  # 23 bits (K <= 128): hi needs int32
+    hi, lo = kernels.split_weights(wide)
+    assert hi.dtype == torch.int32
+    assert torch.equal(hi.double() * 256 + lo.double(), wide)
+
+
+def test_a_step_product_is_the_blas_product():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(300, 576, generator=g)
+    x = torch.randn(3, 576, generator=g) * 10
+    bits = exact.contraction_bits(576)
+    weight = QuantizedWeight(w, bits)
+    assert weight.ints is not None
+    for rows in (1, 2, 3):
+        for limbs in (1, 2):
+            got = weight.product(x[:rows], bits, limbs)
+            with kernels.reference():
+                want = exact.fixed_product(x[:rows], bits, *exact.quantize_rows(w, bits), limbs)
+            assert torch.equal(_bits(got), _bits(want))
+
+
+def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):
+    assert portable_model.kernels_agree()
+    real = kernels.int_products
+    monkeypatch.setattr(kernels, "int_products", lambda x, hi, lo: real(x, hi, lo) + 1.0)
+    assert not portable_model.kernels_agree()
+    monkeypatch.setattr(portable_model, "_canary_ok", {})
+    with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference") as err:
+        portable_model.run_canary()
+    assert "\n" not in str(err.value)
+
+
+def test_the_reference_switch_turns_every_kernel_off(monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "reference")
+    assert not kernels.enabled()
+    assert QuantizedWeight(torch.randn(4, 8), 20).ints is None
