@@ -89,7 +89,7 @@ def test_a_step_product_is_the_blas_product():
     w = torch.randn(300, 576, generator=g)
     x = torch.randn(3, 576, generator=g) * 10
     bits = exact.contraction_bits(576)
-    weight = QuantizedWeight(w, bits)
+    weight = QuantizedWeight.of(w, bits)
     assert weight.ints is not None
     for rows in (1, 2, 3):
         for limbs in (1, 2):
@@ -113,4 +113,10 @@ def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):
 def test_the_reference_switch_turns_every_kernel_off(monkeypatch):
     monkeypatch.setenv(kernels.ENV, "reference")
     assert not kernels.enabled()
-    assert QuantizedWeight(torch.randn(4, 8), 20).ints is None
+    assert QuantizedWeight.of(torch.randn(4, 8), 20).ints is None
+
+
+def test_the_kernels_exp_has_the_definitions_length():
+    from seqkv_cli.runtime.portable import jitted
+
+    assert len(exact.EXP_KERNEL[0]) == jitted.EXP_TERMS

@@ -154,17 +154,22 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
     key_pos = torch.arange(n, **on)
     parts = []
     for s in range(0, m, QUERY_BLOCK):
-        rows = torch.arange(s, min(m, s + QUERY_BLOCK), **on)
+        end = min(m, s + QUERY_BLOCK)
+        rows = torch.arange(s, end, **on)
         sel = (torch.arange(groups, **on)[:, None] * m + rows[None, :]).reshape(-1)
         qpos = (p0 + rows).repeat(groups)
         if softcap is None and kernels.usable(q) and groups * len(rows) <= STEP_ROWS:
             block = kernels.attend_rows(
-                exact.f64(qg[:, sel]), state, layer, n, qpos, window, scaling, exact.EXP_KERNEL
-            )
+                exact.f64(qg[:, sel]), state, layer, p0 + end, qpos, window, scaling,
+                exact.EXP_KERNEL,
+            )  # fmt: skip
             parts.append(block.view(kvh, groups, len(rows), hd))
             continue
         if softcap is None and kernels.usable(q):
-            acc, total = _scores_to_values(state, qg[:, sel], kq, ek, vq, ev, qpos, scaling, window)
+            # Keys past the block's last row are masked for all of it: their numerators are
+            # 0, so leaving them out changes no sum, maximum or exponent (the same bits).
+            keys = [t[layer, :, : p0 + end] for t in (state.kq, state.ek, state.vq, state.ev)]
+            acc, total = _scores_to_values(state, qg[:, sel], *keys, qpos, scaling, window)
             parts.append((acc / total).view(kvh, groups, len(rows), hd))
             continue
         scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.limbs) * scaling

@@ -47,7 +47,7 @@ _PIO2 = (  # pi/2 in three parts of 33 bits (Cody-Waite): k * part is exact for 
     float.fromhex("0x1.0b4611a600000p-34"),
     float.fromhex("0x1.3198a2e037073p-69"),
 )
-_EXP_TERMS = kernels.EXP_TERMS  # Taylor terms of exp on |r| <= ln2/2: truncation < 2**-60
+_EXP_TERMS = 14  # Taylor terms of exp on |r| <= ln2/2: truncation < 2**-60 (and jitted's)
 _TRIG_TERMS = 11  # Taylor terms of sin/cos on |r| <= pi/4
 _EXP_MIN, _EXP_MAX = -745.0, 709.0
 

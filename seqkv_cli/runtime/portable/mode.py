@@ -205,43 +205,44 @@ class PortableMode(TorchDispatchMode):
 
 
 class QuantizedWeight:
-    """One parameter's quantized rows: split into narrow integers where a native kernel reads
-    them (CPU: `kernels.split_weights`, 3 bytes a weight), the same integers as fp64 for a
-    BLAS product (made on first use), and their exponents."""
+    """One parameter's quantized rows: the integers as fp64 (what a BLAS product multiplies),
+    their exponents, and — made on a native kernel's first use (a step), CPU only — the same
+    integers split to 3 bytes a weight (`kernels.split_weights`)."""
 
-    def __init__(self, w: torch.Tensor, bits: int) -> None:
-        xq, self.e = exact.quantize_rows(w, bits)
+    def __init__(self, f64: torch.Tensor, e: torch.Tensor, native: bool) -> None:
+        self.f64, self.e, self.native = f64, e, native
+        self._ints = None
+
+    @classmethod
+    def of(cls, w: torch.Tensor, bits: int) -> QuantizedWeight:
+        """``w``'s rows quantized to ``bits`` (`exact.quantize_rows`)."""
+        xq, e = exact.quantize_rows(w, bits)
         # The kernel takes one (N, K) matrix of |integers| <= 2**23; stacked (expert) weights
         # and wider integers keep the BLAS product.
-        native = w.device.type == "cpu" and w.dim() == 2 and bits <= 23 and kernels.enabled()
-        self.ints = kernels.split_weights(xq) if native else None
-        self._f64 = None if native else xq.contiguous()
+        return cls(xq.contiguous(), e, w.device.type == "cpu" and w.dim() == 2 and bits <= 23)
 
     @classmethod
     def stacked(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
         """The rows of several weights over the same input as one (a row's integers depend on
         that row alone, so one product gives each part's bits): one pass over x for q, k, v."""
-        out = cls.__new__(cls)
-        out.e = torch.cat([p.e for p in parts])
-        if all(p.ints is not None for p in parts):
-            wide = any(p.ints[0].dtype != torch.int16 for p in parts)
-            his = [p.ints[0].to(torch.int32) if wide else p.ints[0] for p in parts]
-            out.ints = (torch.cat(his), torch.cat([p.ints[1] for p in parts]))
-            out._f64 = None
-        else:
-            out.ints, out._f64 = None, torch.cat([p.f64 for p in parts])
-        return out
+        return cls(
+            torch.cat([p.f64 for p in parts]),
+            torch.cat([p.e for p in parts]),
+            all(p.native for p in parts),
+        )
 
     @property
-    def f64(self) -> torch.Tensor:
-        if self._f64 is None:
-            hi, lo = self.ints
-            self._f64 = hi.to(torch.float64) * 256.0 + lo.to(torch.float64)  # exact
-        return self._f64
+    def ints(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(hi, lo) for the native kernel, or None where it cannot take this weight."""
+        if not self.native or not kernels.enabled():
+            return None
+        if self._ints is None:
+            self._ints = kernels.split_weights(self.f64)
+        return self._ints
 
     def product(self, x: torch.Tensor, bits: int, limbs: int) -> torch.Tensor:
         """Exact fp64 ``x @ Wᵀ`` in the portable definition (`exact.fixed_product`'s bits)."""
-        if self.ints is not None and exact.native_product(x, limbs):
+        if self.native and exact.native_product(x, limbs):
             return exact.kernel_product(x, bits, self.ints, self.e, limbs)
         return exact.fixed_product(x, bits, self.f64, self.e, limbs)
 
@@ -257,11 +258,11 @@ class WeightCache:
     def rows(self, w: torch.Tensor, bits: int) -> QuantizedWeight:
         """``w``'s rows quantized to ``bits``, cached when ``w`` is (a view of) a parameter."""
         if w.untyped_storage().data_ptr() not in self._owners:
-            return QuantizedWeight(w, bits)
+            return QuantizedWeight.of(w, bits)
         key = self._key(w, bits)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = QuantizedWeight(w, bits)
+            hit = self._cache[key] = QuantizedWeight.of(w, bits)
         return hit
 
     def stacked(self, ws: list[torch.Tensor], bits: int) -> QuantizedWeight:
