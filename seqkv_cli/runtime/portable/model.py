@@ -30,7 +30,6 @@ from seqkv_cli.runtime.portable.attention import (
 from seqkv_cli.runtime.portable.mode import PortableMode, QuantizedWeight, WeightCache
 from seqkv_cli.runtime.surprisal import portable_surprisal_bits
 
-NUMERIC_PATH = exact.NUMERIC_PATH  # v1; the definitions this class runs are exact.LIMBS
 # Module types the path refuses by name: their state or ops have no portable definition yet.
 _REFUSED_MODULES = ("Conv1d", "Conv1D", "Conv2d", "Mamba", "LayerNorm")
 
