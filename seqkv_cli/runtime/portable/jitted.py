@@ -122,6 +122,24 @@ def integer_sum(v):  # integer-valued terms, sum below 2**53: exact in any order
     return acc
 
 
+@njit(inline="always", **exact_flags)
+def value_weights(buf, ev_row, pb, coef, c1, c2, c3, c4, c5):
+    """One query row's masked scores -> its softmax numerators (exp of score - max, rounded
+    to 2**-pb), each times its key's value scale, in place; returns the numerators' sum."""
+    n = buf.shape[0]
+    peak = -math.inf
+    for j in range(n):
+        if buf[j] > peak or buf[j] != buf[j]:  # amax propagates NaN
+            peak = buf[j]
+    unit = pow2(pb)
+    for j in range(n):
+        buf[j] = np.rint(exp1(buf[j] - peak, coef, c1, c2, c3, c4, c5) * unit)
+    total = integer_sum(buf)
+    for j in range(n):
+        buf[j] = buf[j] * pow2(ev_row[j])
+    return total
+
+
 def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, total):
     """attention.attend between its two products, per (head, query row): the scores from
     the q·k integer sums, the causal/window mask, exp, the rounded numerators and their
@@ -142,16 +160,7 @@ def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, 
             sc = sc * scaling
             hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
             buf[j] = -math.inf if hidden else sc
-        peak = -math.inf
-        for j in range(n):
-            if buf[j] > peak or buf[j] != buf[j]:  # amax propagates NaN
-                peak = buf[j]
-        unit = pow2(pb)
-        for j in range(n):
-            buf[j] = np.rint(exp1(buf[j] - peak, coef, c1, c2, c3, c4, c5) * unit)
-        total[h, r] = integer_sum(buf)
-        for j in range(n):
-            buf[j] = buf[j] * pow2(ev[h, j])
+        total[h, r] = value_weights(buf, ev[h], pb, coef, c1, c2, c3, c4, c5)
         e = row_exponent(buf, vb)
         ew[h, r] = e
         down, back, rest = pow2(-e), pow2(e), pow2(vb - e)
@@ -196,16 +205,7 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out)
             sc = sc * scaling
             hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
             buf[j] = -math.inf if hidden else sc
-        peak = -math.inf
-        for j in range(n):
-            if buf[j] > peak or buf[j] != buf[j]:  # amax propagates NaN
-                peak = buf[j]
-        unit = pow2(pb)
-        for j in range(n):
-            buf[j] = np.rint(exp1(buf[j] - peak, coef, c1, c2, c3, c4, c5) * unit)
-        total = integer_sum(buf)
-        for j in range(n):
-            buf[j] = buf[j] * pow2(ev[h, j])
+        total = value_weights(buf, ev[h], pb, coef, c1, c2, c3, c4, c5)
         ew = row_exponent(buf, vb)
         down, back, rest = pow2(-ew), pow2(ew), pow2(vb - ew)
         acc1 = np.zeros(hd)
