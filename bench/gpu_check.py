@@ -10,8 +10,10 @@
 3. Canonical forward on the device: is a row of a row-block-padded product independent of
    the other rows (the CPU canary, on device), and do device logits equal CPU logits?
 4. Token coder tokens/s with >= 64 sessions decoded in lockstep on the device.
+4b. The portable forward (bench/gpu_portable.py): CPU vs device bits of a prefill and steps,
+   their times, rows of 8 and 64 sessions, and a transformers fp32 step on the device.
 5. Whole `.skv` files (bench/gpu_files.py): the `seqkv` command with --device cpu and cuda on
-   1, 8 and 64 sessions — byte-identical files, cross-device restores, decode tokens/s.
+   1, 8 and 32 sessions — byte-identical files, cross-device restores, decode tokens/s.
 Writes gpu_check.md and gpu_check.json to --out.
 """
 
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from bench.common import write_atomic
 from bench.gpu_files import whole_files
+from bench.gpu_portable import portable_forward
 from bench.gpu_report import markdown
 from bench.gpu_tokens import SMOLLM2, TINY, DeviceRows, token_coder
 
@@ -171,23 +174,35 @@ def main() -> None:
         "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "model_shape": shape,
     }
+    # Cheap steps first, the whole-file ones last and in two parts: a run cut off by the
+    # device's time limit keeps what finished (both reports are rewritten after each step).
     steps = [
         ("entropy", lambda: entropy(device, mb)),
         ("tables", lambda: tables(DeviceRows(shape, "cpu"), device, 16 if dry else 256)),
+        (
+            "portable",
+            lambda: portable_forward(
+                shape, device, 16 if dry else 256, 4 if dry else 24, (2,) if dry else (8, 64)
+            ),
+        ),
+        ("files", lambda: whole_files(device, shape, (1,) if dry else (1, 8), chars)),
         ("canonical", lambda: canonical_on_device(shape, device, 16 if dry else 256)),
         ("token_coder", lambda: token_coder(shape, device, sessions, tokens)),
-        ("files", lambda: whole_files(device, shape, (1, 2) if dry else (1, 8, 64), chars)),
+        ("files_many", lambda: whole_files(device, shape, (2,) if dry else (32,), chars)),
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     for name, step in steps:
         print(f"gpu_check: {name}", flush=True)
         start = time.perf_counter()
-        report[name] = step()
+        try:
+            report[name] = step()
+        except Exception as exc:  # one failed step must not lose the others' results
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+            print(f"gpu_check: {name} failed: {report[name]['error']}", flush=True)
         report[f"{name}_seconds"] = time.perf_counter() - start
         write_atomic(args.out / "gpu_check.json", json.dumps(report, indent=2))
-    text = markdown(report)
-    write_atomic(args.out / "gpu_check.md", text)
-    print(text)
+        write_atomic(args.out / "gpu_check.md", markdown(report))  # a cut-off run keeps both
+    print(markdown(report))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Whole `.skv` files on a GPU: the `seqkv` command run with --device cpu and --device cuda.
 
-For 1, 8 and 64 sessions (a shared system prompt, then each its own text) of a random-weight
+For 1, 8 and 32 sessions (a shared system prompt, then each its own text) of a random-weight
 model with the embedded model's shape (no weights need to be on the machine):
 
 * capture on each device: the K/V tensors must be equal (the portable forward);
@@ -69,6 +69,7 @@ def seqkv(*args, device: str) -> float:
     """Run `python -m seqkv_cli ARGS --device DEVICE`; its wall seconds (fails loudly)."""
     # SEQKV_CACHE: fingerprints go next to the run (and platformdirs is not needed).
     env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "SEQKV_CACHE": str(CACHE)}
+    env["_TYPER_STANDARD_TRACEBACK"] = "1"  # a plain traceback: its last line names the error
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "codecs"), env.get("PYTHONPATH", "")]
     )
@@ -76,7 +77,7 @@ def seqkv(*args, device: str) -> float:
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[3:])} failed: {done.stderr.strip()[-600:]}")
+        raise RuntimeError(f"{' '.join(cmd[3:])} failed: {done.stderr.strip()[-1200:]}")
     return time.perf_counter() - start
 
 

@@ -8,6 +8,8 @@ def _yes(flag: bool) -> str:
 
 
 def markdown(r: dict) -> str:
+    failed = {k: v["error"] for k, v in r.items() if isinstance(v, dict) and "error" in v}
+    r = {k: v for k, v in r.items() if k not in failed}
     lines = [
         f"## GPU check ({r['mode']}) — {r['device_name']}, torch {r['torch']}",
         "",
@@ -66,9 +68,15 @@ def markdown(r: dict) -> str:
             f"| ceiling with tables on the device (forward + tables only) "
             f"| {k['ceiling_tokens_per_s']:,.1f} tok/s |",
         ]
-    if r.get("files"):
-        from bench.gpu_files import markdown as files_markdown
+    if r.get("portable"):
+        from bench.gpu_portable import markdown as portable_markdown
 
-        lines += files_markdown(r["files"])
+        lines += portable_markdown(r["portable"])
+    from bench.gpu_files import markdown as files_markdown
+
+    for step in ("files", "files_many"):
+        if r.get(step):
+            lines += files_markdown(r[step])
     seconds = ", ".join(f"{k[:-8]} {v:.0f} s" for k, v in r.items() if k.endswith("_seconds"))
+    lines += [f"\nStep `{k}` failed: {v}" for k, v in failed.items()]
     return "\n".join([*lines, "", f"Time per step: {seconds}.", ""])

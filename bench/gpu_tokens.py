@@ -29,7 +29,8 @@ def stand_in(shape: dict, device: str, seed: int = 0) -> SimpleNamespace:
     h, hd = shape["hidden"], shape["hidden"] // shape["heads"]
 
     def w(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=gen) * size[-1] ** -0.5).to(device)
+        # made on the CPU (the generator's device) even inside a `with torch.device(...)`
+        return (torch.randn(*size, generator=gen, device="cpu") * size[-1] ** -0.5).to(device)
 
     p = {"model.embed_tokens.weight": w(shape["vocab"], h), "model.norm.weight": w(h) + 1}
     for i in range(shape["layers"]):

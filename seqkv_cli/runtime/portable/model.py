@@ -130,9 +130,11 @@ class PortableLM:
                     f"portable numerics: rotary embedding type {rope_type!r} of "
                     f"{type(module).__name__} cannot be recomputed portably"
                 )
+            # Computed on the CPU (newer transformers ignore a `device` argument here) and
+            # moved: the definition gives the same bits on every device.
             with self._mode():
-                inv_freq, _ = fn(module.config, device=module.inv_freq.device)
-            tables.append((module, inv_freq.to(module.inv_freq.dtype)))
+                inv_freq, _ = fn(module.config)
+            tables.append((module, inv_freq.to(module.inv_freq.device, module.inv_freq.dtype)))
         return tables
 
     def _fused_decoder(self) -> fused.FusedDecoder | None:
@@ -232,9 +234,9 @@ class PortableLM:
 
     def _forward_with(self, run, state, ids) -> torch.Tensor:
         positions = (state.length + torch.arange(len(ids)))[None]
-        logits = run([state], ids[None], positions)
+        logits = run([state], ids[None].to(self.device), positions.to(self.device))
         state.length += len(ids)
-        return logits[0].float()
+        return logits[0].float().cpu()  # the fused decoder leaves them on the model's device
 
     def _run(self, states, ids, positions) -> torch.Tensor:
         """Next-token logits (batch, seq, vocab) on the CPU; each state grows by seq positions."""
