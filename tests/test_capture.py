@@ -50,7 +50,7 @@ def test_capture_file_round_trip_and_metadata(embedded_lm, tmp_path):
     assert meta["session_id"] == "chat-01"
     assert meta["model_fingerprint"] == embedded_lm.fingerprint
     assert meta["tokenizer_fingerprint"] == embedded_lm.tokenizer_fingerprint
-    assert meta["numeric_path"] == "portable-fx53-v2"
+    assert meta["numeric_path"] == "portable-fx53-v3"
     assert meta["dtype"] == "bf16" and meta["positions"] == 64
     assert set(meta["versions"]) == {"seqkv", "torch", "transformers"}
     # chat sessions go through the chat template
@@ -82,7 +82,7 @@ def test_tiny_model_capture_canonical_and_ordinary(tiny_lm, tmp_path):
     text.write_text("The quick brown fox jumps over the lazy dog. " * 6)
     [canon] = capture([str(text)], model=tiny_lm, out=tmp_path / "a", dtype="fp32")
     [plain] = capture([str(text)], model=tiny_lm, out=tmp_path / "b", dtype="fp32", canonical=False)
-    assert canon.capture.meta["numeric_path"] == "portable-fx53-v2"
+    assert canon.capture.meta["numeric_path"] == "portable-fx53-v3"
     assert plain.capture.meta["numeric_path"].startswith("transformers")
     for a, b in zip(canon.capture.keys, plain.capture.keys, strict=True):
         assert torch.allclose(a, b, atol=1e-4)

@@ -52,8 +52,9 @@ NumericsOption = Annotated[
     str,
     typer.Option(
         help="Canonical numeric path: 'portable' (same bits on any machine, thread count or "
-        "device; the default, portable-fx53-v2), 'portable-v1' (seqkv 0.2.0's first version) "
-        "or 'legacy' (the earlier fp32 forward: same machine class only).",
+        "device; the default, portable-fx53-v3), 'portable-v2' or 'portable-v1' (the versions "
+        "of seqkv 0.3-0.4 and 0.2) or 'legacy' (the earlier fp32 forward: same machine class "
+        "only).",
     ),
 ]
 

@@ -88,9 +88,9 @@ def compress_command(
     numerics: Annotated[
         str | None,
         typer.Option(
-            help="Canonical numeric path of seq/seq-fast: 'portable' (portable-fx53-v2), "
-            "'portable-v1' or 'legacy'. Default: the portable path the captures were made on, "
-            "else 'portable'.",
+            help="Canonical numeric path of seq/seq-fast: 'portable' (portable-fx53-v3), "
+            "'portable-v2', 'portable-v1' or 'legacy'. Default: the portable path the captures "
+            "were made on, else 'portable'.",
         ),
     ] = None,
     ray: Annotated[

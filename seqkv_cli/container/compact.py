@@ -45,6 +45,7 @@ from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
 
 COMPACT_MINOR = 2  # format 1.2 added this layout
 V2_MINOR = 3  # 1.3 added the portable-fx53-v2 codes: a 1.2 reader asks for an upgrade
+V3_MINOR = 5  # 1.5 added the portable-fx53-v3 codes: a 1.4 reader asks for an upgrade
 LAYOUT_COMPACT = 1  # byte 12: 0 would be the full layout's reserved (zero) word
 _FIXED = struct.Struct("<8sHHBB8sB")  # magic, major, minor, layout, pipeline, fingerprint, kinds
 FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
@@ -52,7 +53,12 @@ FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
 # Enumerations (docs/FORMAT.md): a value's position is its code. Appending is a minor change.
 CODECS = ("seq", "seq-fast")
 RESIDUALS = ("lossless", "none")
-NUMERICS = ("portable-fx53-v1", "canonical-fp32-rb8-kb256-v1", "portable-fx53-v2")
+NUMERICS = (
+    "portable-fx53-v1",
+    "canonical-fp32-rb8-kb256-v1",
+    "portable-fx53-v2",
+    "portable-fx53-v3",
+)
 DTYPES = ("bf16", "fp16", "fp32")
 CAPTURE_PATHS = (
     "portable-fx53-v1",
@@ -60,6 +66,7 @@ CAPTURE_PATHS = (
     "user-cache",
     "unknown",
     "portable-fx53-v2",
+    "portable-fx53-v3",
 )
 PRECISION_BITS, CHUNK_SIZE = 24, 1024  # the only pipeline parameters this layout can hold
 
@@ -149,12 +156,19 @@ def encode_compact(session: CompactSession, payload: bytes) -> bytes:
         | NUMERICS.index(session.numerics) << 2
     )
     kinds = DTYPES.index(session.dtype) | CAPTURE_PATHS.index(session.numeric_path) << 4
-    newer = "portable-fx53-v2" in (session.numerics, session.numeric_path)
+    # the oldest minor whose codes the file uses: older readers read what they can
+    paths = {session.numerics, session.numeric_path}
+    if "portable-fx53-v3" in paths:
+        minor = V3_MINOR
+    elif "portable-fx53-v2" in paths:
+        minor = V2_MINOR
+    else:
+        minor = COMPACT_MINOR
     head = bytearray(
         _FIXED.pack(
             MAGIC,
             FORMAT_MAJOR,
-            V2_MINOR if newer else COMPACT_MINOR,
+            minor,
             LAYOUT_COMPACT,
             pipeline,
             bytes.fromhex(session.fingerprint),
@@ -281,7 +295,7 @@ class CompactReader(OpenFile):
             raise MalformedContainerError(
                 self.path, f"{self.size - self.header_bytes - length - 4} bytes after its end"
             )
-        bad = _bad_codes(pipeline, kinds)
+        bad = _bad_codes(pipeline, kinds, minor)
         if bad:
             raise MalformedContainerError(self.path, f"invalid compact header: {bad}")
         try:
@@ -361,11 +375,19 @@ class CompactReader(OpenFile):
         self.read_section(TOKENS_SECTION)
 
 
-def _bad_codes(pipeline: int, kinds: int) -> str | None:
+# The minor that introduced a numeric path's codes: a file of an older minor cannot hold them.
+_PATH_MINOR = {"portable-fx53-v2": V2_MINOR, "portable-fx53-v3": V3_MINOR}
+
+
+def _bad_codes(pipeline: int, kinds: int, minor: int) -> str | None:
     if pipeline >> 4 or (pipeline >> 2 & 3) >= len(NUMERICS):
         return f"unknown pipeline bits 0x{pipeline:02x}"
     if (kinds & 0xF) >= len(DTYPES):
         return f"unknown dtype code {kinds & 0xF}"
     if kinds >> 4 >= len(CAPTURE_PATHS):
         return f"unknown capture numeric path code {kinds >> 4}"
+    for path in (NUMERICS[pipeline >> 2 & 3], CAPTURE_PATHS[kinds >> 4]):
+        since = _PATH_MINOR.get(path, COMPACT_MINOR)
+        if minor < since:
+            return f"numeric path {path} in a format 1.{minor} file (its codes came in 1.{since})"
     return None

@@ -18,9 +18,11 @@ FORMAT_MAJOR = 1
 # 1.1 added trie archives (header key "trie"), 1.2 the compact single-session layout
 # (container/compact.py), 1.3 compact codes for the portable-fx53-v2 numeric path, 1.4 binary
 # section tables in the full layout (index.py): a JSON row cost ~85 bytes a section, more than
-# the residual parts of a foreign cache themselves. FORMAT_MINOR is the newest minor this
-# seqkv reads; whole files are written as 1.4, appends keep the minor of the file they extend.
-FORMAT_MINOR = 4
+# the residual parts of a foreign cache themselves; 1.5 compact codes for the portable-fx53-v3
+# numeric path. FORMAT_MINOR is the newest minor this seqkv reads; whole files are written as
+# 1.4, appends keep the minor of the file they extend, compact files take the oldest minor
+# whose codes they use.
+FORMAT_MINOR = 5
 FULL_LAYOUT_MINOR = 1  # JSON section tables, what seqkv before 0.4 writes and appends to
 TABLES_MINOR = 4
 LAYOUT_TABLES = 2  # byte 12 of a 1.4 full-layout file (1 is the compact layout)

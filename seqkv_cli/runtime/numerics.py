@@ -3,11 +3,14 @@
 A model-coded stream (``seq``, ``seq-fast``) decodes only under the forward that encoded it,
 so the codec config names its path and a decoder that cannot honour it refuses:
 
-* ``portable-fx53-v2`` (default for new files): the model's own transformers code run under
-  the portable definition (`runtime.portable`): the same bits on any IEEE machine, thread
-  count, ISA level, BLAS or device; activations carry two fixed-point integers per product.
-* ``portable-fx53-v1`` (seqkv 0.2.0): the same with one integer per activation, ~12x further
-  from the float model's K/V; files written with it keep decoding on it.
+* ``portable-fx53-v3`` (default for new files, seqkv 0.5): the model's own transformers code
+  run under the portable definition (`runtime.portable`): the same bits on any IEEE machine,
+  thread count, ISA level, BLAS or device; one fixed-point integer per activation, its row
+  scaled by its L1 norm, so one product per linear where v2 took two.
+* ``portable-fx53-v2`` (seqkv 0.3-0.4): activations carry two integers scaled by their row's
+  peak; files written with it keep decoding on it.
+* ``portable-fx53-v1`` (seqkv 0.2.0): one integer per activation scaled by its row's peak,
+  ~12x further from the float model's K/V; files written with it keep decoding on it.
 * ``canonical-fp32-rb8-kb256-v1`` (legacy): the lean fp32 Llama forward of earlier versions.
   Bit-exact only on the machine class that wrote the file (same ISA, BLAS and thread split);
   kept so that older files decode, never written by default.
@@ -23,18 +26,25 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 
-PORTABLE = "portable-fx53-v2"
+PORTABLE = "portable-fx53-v3"
+PORTABLE_V2 = "portable-fx53-v2"
 PORTABLE_V1 = "portable-fx53-v1"
 LEGACY = "canonical-fp32-rb8-kb256-v1"
 DEFAULT = PORTABLE
-PORTABLE_PATHS = (PORTABLE, PORTABLE_V1)
+PORTABLE_PATHS = (PORTABLE, PORTABLE_V2, PORTABLE_V1)
 PATHS = {
     PORTABLE: "portable: same bits on any IEEE machine, thread count, ISA, BLAS or device",
+    PORTABLE_V2: "portable, second version (seqkv 0.3-0.4): two integers per activation",
     PORTABLE_V1: "portable, first version (seqkv 0.2.0): one integer per activation",
     LEGACY: "legacy fp32 forward: same machine class only (llama, mistral, qwen2)",
 }
 
-ALIASES = {"portable": PORTABLE, "portable-v1": PORTABLE_V1, "legacy": LEGACY}
+ALIASES = {
+    "portable": PORTABLE,
+    "portable-v2": PORTABLE_V2,
+    "portable-v1": PORTABLE_V1,
+    "legacy": LEGACY,
+}
 
 
 def resolve(name: str | None) -> str:
@@ -44,8 +54,8 @@ def resolve(name: str | None) -> str:
     path = ALIASES.get(name, name)
     if path not in PATHS:
         raise SeqkvError(
-            f"unknown numeric path {name!r}; choose portable ({PORTABLE}), portable-v1 "
-            f"({PORTABLE_V1}) or legacy ({LEGACY})"
+            f"unknown numeric path {name!r}; choose portable ({PORTABLE}), portable-v2 "
+            f"({PORTABLE_V2}), portable-v1 ({PORTABLE_V1}) or legacy ({LEGACY})"
         )
     return path
 

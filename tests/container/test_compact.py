@@ -189,10 +189,12 @@ def test_the_forged_baseline_itself_opens(tmp_path):
 @pytest.mark.parametrize(
     "pipeline, kinds, message",
     [
-        (0x0C, 0x00, "unknown pipeline bits"),  # numerics code 3
         (0x10, 0x00, "unknown pipeline bits"),
         (0x00, 0x03, "unknown dtype"),
-        (0, 0x50, "path"),
+        (0, 0x60, "path"),
+        (0x0C, 0x00, r"portable-fx53-v3 in a format 1\.2 file \(its codes came in 1\.5\)"),
+        (0x08, 0x00, r"portable-fx53-v2 in a format 1\.2 file"),
+        (0x00, 0x50, r"portable-fx53-v3 in a format 1\.2 file"),
     ],
 )
 def test_unknown_codes_are_refused(tmp_path, pipeline, kinds, message):
@@ -244,3 +246,18 @@ def test_v2_numerics_are_format_1_3_and_v1_files_stay_1_2(tmp_path):
     with open_container(write(tmp_path, data)) as reader:
         assert reader.compact == v2 and reader.version == (1, 3)
     assert encode_compact(session(), PAYLOAD)[10] == 2
+
+
+def test_v3_numerics_are_format_1_5(tmp_path):
+    """A 1.4 reader (seqkv 0.4) asks for an upgrade instead of misreading the v3 codes; a v2
+    session stays 1.3, so 0.3-0.4 keep reading what they can."""
+    v3 = session(numerics="portable-fx53-v3", numeric_path="portable-fx53-v3")
+    data = encode_compact(v3, PAYLOAD)
+    assert data[10] == 5 and data[13] >> 2 & 3 == 3 and data[22] >> 4 == 5
+    with open_container(write(tmp_path, data)) as reader:
+        assert reader.compact == v3 and reader.version == (1, 5)
+    # a v3 stream over a capture made on v2 (compress --numerics portable of an old capture)
+    mixed = session(numerics="portable-fx53-v3", numeric_path="portable-fx53-v2")
+    assert encode_compact(mixed, PAYLOAD)[10] == 5
+    v2 = session(numerics="portable-fx53-v2", numeric_path="portable-fx53-v2")
+    assert encode_compact(v2, PAYLOAD)[10] == 3

@@ -70,7 +70,16 @@ def test_fused_decoder_is_probed_and_dropped_where_it_differs(monkeypatch):
     assert lm.fused is None
 
 
-def test_v1_files_run_the_kernels_too():
-    model = tiny_family_model("llama")
-    lm = PortableLM(model, exact.NUMERIC_PATH)
-    assert lm.fused is not None and lm.limbs == 1
+@pytest.mark.parametrize("path", [exact.NUMERIC_PATH, exact.NUMERIC_PATH_V2])
+def test_older_paths_run_the_kernels_too(path, monkeypatch):
+    """v1 and v2 files decode through the same kernels and fused decoder, to the reference's
+    bits (their forms take other branches of every kernel)."""
+    ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(5))
+    model = tiny_family_model("llama", max_position_embeddings=64)
+    lm = PortableLM(model, path)
+    assert lm.fused is not None and lm.form == exact.FORMS[path]
+    native = _run_all_ways(lm, ids)
+    monkeypatch.setenv(kernels.ENV, "reference")
+    reference = _run_all_ways(PortableLM(model, path), ids)
+    for got, want in zip(native, reference, strict=True):
+        assert _same(got, want)

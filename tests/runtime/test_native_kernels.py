@@ -3,6 +3,7 @@ naive code: the 2**53 bound of a product, zero, subnormal and clamped rows, exp'
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -42,9 +43,10 @@ def test_exp_matches_the_reference_bit_for_bit():
     assert torch.isnan(exact.exp(torch.tensor([math.nan], dtype=torch.float64))).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("bits", [19, 21, 23, 26])
-def test_quantize_and_split_match_the_reference(bits):
-    a = _edge_rows()
+def test_quantize_and_split_match_the_reference(bits, dtype):
+    a = _edge_rows().to(dtype)  # fp32: a weight, read by the kernel without an fp64 copy
     native = [*exact.quantize_rows(a, bits), *exact.split_rows(a, bits)]
     with kernels.reference():
         reference = [*exact.quantize_rows(a, bits), *exact.split_rows(a, bits)]
@@ -84,19 +86,52 @@ def test_split_weights_narrow_when_they_fit_and_widen_when_not():
     assert torch.equal(hi.double() * 256 + lo.double(), wide)
 
 
-def test_a_step_product_is_the_blas_product():
+@pytest.mark.parametrize("form", [exact.PEAK1, exact.PEAK2, exact.L1])
+def test_a_step_product_is_the_blas_product(form):
     g = torch.Generator().manual_seed(4)
     w = torch.randn(300, 576, generator=g)
     x = torch.randn(3, 576, generator=g) * 10
-    bits = exact.contraction_bits(576)
+    x[1, 7] = 3e4  # an outlier channel: the L1 form spends no headroom on it
+    bits = exact.right_bits(576, form)
     weight = QuantizedWeight.of(w, bits)
     assert weight.ints is not None
     for rows in (1, 2, 3):
-        for limbs in (1, 2):
-            got = weight.product(x[:rows], bits, limbs)
-            with kernels.reference():
-                want = exact.fixed_product(x[:rows], bits, *exact.quantize_rows(w, bits), limbs)
-            assert torch.equal(_bits(got), _bits(want))
+        got = weight.product(x[:rows], bits, form)
+        with kernels.reference():
+            want = exact.fixed_product(x[:rows], bits, *exact.quantize_rows(w, bits), form)
+        assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("right", [20, 22, 23])
+def test_quantize_l1_matches_the_reference(right):
+    a = _edge_rows()
+    a[6, 3] = 1e6  # one large channel in an ordinary row
+    native = exact.quantize_l1(a, right)
+    with kernels.reference():
+        reference = exact.quantize_l1(a, right)
+    for got, want in zip(native, reference, strict=True):
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def test_l1_rows_keep_every_partial_sum_below_two_to_the_53():
+    """The L1 form's promise, on the rows that stress it: flat rows (every element at the
+    peak), one huge channel, and lengths from 2 to 2**14."""
+    right = exact.L1_WEIGHT_BITS
+    g = torch.Generator().manual_seed(8)
+    for k in (2, 7, 576, 1536, 2**14):
+        flat = torch.full((1, k), -3.0, dtype=torch.float64)
+        spiky = torch.randn(1, k, dtype=torch.float64, generator=g)
+        spiky[0, k // 2] = 1e5
+        noisy = torch.rand(1, k, dtype=torch.float64, generator=g) * 2.0**-30 + 0.75
+        for row in (flat, spiky, noisy):
+            for native in (True, False):
+                with contextlib.nullcontext() if native else kernels.reference():
+                    xq, e = exact.quantize_l1(row, right)
+                total = int(xq.abs().sum())  # integers: exact in Python
+                assert total <= 2 ** (53 - right), (k, total)
+                assert total > 2 ** (51 - right)  # and not far below: the bits are used
+                # the scale is what it claims: |x - X·2^e| <= 2^(e-1) per element
+                assert float((row - exact.scale(xq, e)).abs().max()) <= 2.0 ** (int(e) - 1)
 
 
 def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):

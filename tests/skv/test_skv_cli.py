@@ -198,7 +198,7 @@ def test_container_header_describes_itself(captures, tmp_path):
     assert [s["id"] for s in header["sessions"]] == ["a", "b"]
     session = header["sessions"][0]
     assert session["shapes"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16}
-    assert session["numeric_path"] == "portable-fx53-v2"
+    assert session["numeric_path"] == "portable-fx53-v3"
     assert len(header["model"]["fingerprint"]) == 64
     json.dumps(header)  # plain JSON all the way down
     # the trie layout keeps sessions in binary tables; the reader presents the same entries

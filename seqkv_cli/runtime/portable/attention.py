@@ -4,9 +4,11 @@ Scores are fixed-point products of per-row quantized queries and keys (exact); t
 numerators are fixed-point with 2**-(53 - log2 context) resolution (2**-40 at 8k), so their
 sum is exact in any order; the
 value product folds each key's power-of-two scale into its weight and quantizes the weights
-per query row, so it is exact too. Bit widths come from the head size and the model context,
-never from how many keys a call happens to see: a query gets the same bits whether later keys
-exist (prefill) or not (stepping). Masking (causal, sliding window) is computed from absolute
+per query row, so it is exact too. Queries and weights take the definition's left form (v3:
+scaled by their row's L1 norm, against keys and values of `exact.L1_KV_BITS`). Bit widths come
+from the head size and the model context, never from how many keys a call happens to see (a
+masked key adds nothing to a row's peak or L1 norm): a query gets the same bits whether later
+keys exist (prefill) or not (stepping). Masking (causal, sliding window) is computed from absolute
 positions; soft-capping uses the portable tanh.
 """
 
@@ -47,7 +49,7 @@ class PortableState:
         capacity,
         bits: tuple[int, int, int],
         device=None,
-        limbs: int = 1,
+        form: int = exact.PEAK1,
     ):
         shape = (num_layers, kv_heads, capacity, head_dim)
         on = {"device": device or "cpu"}
@@ -60,7 +62,7 @@ class PortableState:
         # Fixed by the model (head size, context), never by this state's capacity.
         self.bits = bits
         self.key_bits, self.value_bits, self.prob_bits = bits
-        self.limbs = limbs  # integers per query / weight row (the definition's version)
+        self.form = form  # queries' and softmax weights' form (the definition's version)
         self.capacity = capacity
         self.length = 0
         self.pending = 0  # positions being written by the call in progress
@@ -76,7 +78,7 @@ class PortableState:
         if length > self.length:
             raise SeqkvError(f"cannot fork at {length}: the state holds {self.length} positions")
         layers, heads, _, hd = self.keys.shape
-        out = PortableState(layers, heads, hd, capacity, self.bits, self.keys.device, self.limbs)
+        out = PortableState(layers, heads, hd, capacity, self.bits, self.keys.device, self.form)
         for name in ("keys", "values", "kq", "vq", "ek", "ev"):
             getattr(out, name)[:, :, :length] = getattr(self, name)[:, :, :length]
         out.length = length
@@ -172,7 +174,7 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
             acc, total = _scores_to_values(state, qg[:, sel], *keys, qpos, scaling, window)
             parts.append((acc / total).view(kvh, groups, len(rows), hd))
             continue
-        scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.limbs) * scaling
+        scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.form) * scaling
         if softcap is not None:
             scores = exact.tanh(scores / softcap) * softcap
         visible = key_pos[None, :] <= qpos[:, None]
@@ -183,7 +185,7 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         num = torch.round(e * 2.0**state.prob_bits)  # exact sum below 2**53
         total = num.sum(dim=-1, keepdim=True)
         weights = exact.scale(num, ev.transpose(-1, -2))  # fold each key's value scale in
-        acc = _weighted_values(weights, vq, state.value_bits, state.limbs)
+        acc = _weighted_values(weights, vq, state.value_bits, state.form)
         parts.append((acc / total).view(kvh, groups, len(rows), hd))
     out = torch.cat(parts, dim=2)  # (kvh, groups, m, hd)
     return out.reshape(heads, m, hd).transpose(0, 1)
@@ -192,9 +194,9 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
 def _scores_to_values(state, q, kq, ek, vq, ev, qpos, scaling, window):
     """The block above with its elementwise steps in one native pass (kernels.softmax_weights):
     the same two exact products, the same bits; returns (weights @ V, numerator totals)."""
-    limbs, kbits, vbits = state.limbs, state.key_bits, state.value_bits
-    if limbs == 1:
-        xq, ex = exact.quantize_rows(q, kbits)
+    form, kbits, vbits = state.form, state.key_bits, state.value_bits
+    if form != exact.PEAK2:
+        xq, ex = exact.quantize_left(q, kbits, form)
     else:
         xq, ex = kernels.split_stacked(exact.f64(q), kbits)
     w, ew, total = kernels.softmax_weights(
@@ -205,12 +207,12 @@ def _scores_to_values(state, q, kq, ek, vq, ev, qpos, scaling, window):
         qpos,
         state.bits,
         window,
-        limbs,
+        form,
         scaling,
         exact.EXP_KERNEL,
     )
     sv = torch.matmul(w, vq)
-    if limbs == 1:
+    if form != exact.PEAK2:
         return exact.scale(sv, ew), total
     # No column scale: each key's value scale is folded into its weight already.
     return kernels.combine(sv, ew, _zeros(sv.shape[-1]), vbits), total
@@ -221,11 +223,12 @@ def _zeros(n: int) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int64)
 
 
-def _weighted_values(weights, vq, bits: int, limbs: int) -> torch.Tensor:
+def _weighted_values(weights, vq, bits: int, form: int) -> torch.Tensor:
     """Exact ``weights @ V``: weights (.., rows, keys) with each key's scale folded in, quantized
-    per row (one integer per element, or two: see `exact.split_rows`); vq (.., keys, hd)."""
-    if limbs == 1:
-        wq, ew = exact.quantize_rows(weights, bits)
+    per row in `form` (one integer per element, or two: see `exact.split_rows`); vq (.., keys,
+    hd) of ``bits``."""
+    if form != exact.PEAK2:
+        wq, ew = exact.quantize_left(weights, bits, form)
         return exact.scale(torch.matmul(wq, vq), ew)
     w1, w2, ew = exact.split_rows(weights, bits)
     rows = w1.shape[-2]

@@ -9,10 +9,13 @@ them:
   scale, ``x = X · 2^e``, small enough that every partial sum stays below 2^53. Then an fp64
   product of the integers is exact in any summation order, on any BLAS, thread count or GPU,
   and scaling back by powers of two is exact too: one rounding to the output dtype remains.
-  Version 2 of the definition splits the left (activation) operand into two such integers,
-  ``x ≈ (X1 + X2 · 2^-b) · 2^e``: two exact products and one correctly rounded fp64 add, with
-  twice the activation bits (the activations' quantization was what set the error; v1 keeps
-  one).
+  The left operand (activations, queries, softmax weights) takes one of three *forms*, one per
+  version of the definition: v1 one integer per element, the row's scale set by its peak
+  (``b`` bits each side, ``2b + log2 K <= 53``); v2 two such integers,
+  ``x ≈ (X1 + X2 · 2^-b) · 2^e`` (two exact products, one correctly rounded fp64 add); v3 one
+  integer with the row's scale set by its **L1 norm**: ``Σ|X| <= 2^(53 - w)`` against weights
+  of ``w`` bits bounds every partial sum directly, so a row with a few large channels keeps
+  the bits that ``K · peak`` spent on headroom — v2's accuracy, or better, in one product.
 * **Transcendentals from polynomials.** ``exp``, ``log``, ``sin``, ``cos`` and what is built
   on them are range-reduced and evaluated with separate fp64 ``mul``/``add`` kernels (no fused
   multiply-add can change a bit), so they do not depend on a math library.
@@ -34,9 +37,23 @@ from seqkv_cli.runtime.portable import kernels
 
 NUMERIC_PATH = "portable-fx53-v1"
 NUMERIC_PATH_V2 = "portable-fx53-v2"
-# Integers per left operand of every product, per version of the definition.
-LIMBS = {NUMERIC_PATH: 1, NUMERIC_PATH_V2: 2}
+NUMERIC_PATH_V3 = "portable-fx53-v3"
+# The form of every product's left operand, per version of the definition (module docstring):
+# one or two integers per element scaled by the row's peak, or one scaled by its L1 norm.
+PEAK1, PEAK2, L1 = 1, 2, 3
+FORMS = {NUMERIC_PATH: PEAK1, NUMERIC_PATH_V2: PEAK2, NUMERIC_PATH_V3: L1}
 MANTISSA = 53  # fp64 holds every integer of magnitude <= 2**53 exactly
+# v3's right operands: weights of a linear, and the keys and values of attention, quantized
+# per row to these bits whatever the contraction length (measured: docs/NUMERICS.md, v3).
+L1_WEIGHT_BITS = 22
+L1_KV_BITS = 23
+L1_UNIT = 30  # an element's share of its row's L1 bound, in 2**-30 of the row's peak
+
+
+def limbs(form: int) -> int:
+    """Integers per element of a left operand in `form` (rows a product multiplies)."""
+    return 2 if form == PEAK2 else 1
+
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
 _LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # 32 significant bits: k * hi is exact
@@ -55,6 +72,11 @@ _EXP_MIN, _EXP_MAX = -745.0, 709.0
 def contraction_bits(length: int) -> int:
     """Bits per operand of a fixed-point product over ``length`` terms (both operands alike)."""
     return (MANTISSA - max(1, length - 1).bit_length()) // 2
+
+
+def right_bits(length: int, form: int) -> int:
+    """Bits of a product's right operand (weights) over ``length`` terms, in `form`."""
+    return L1_WEIGHT_BITS if form == L1 else contraction_bits(length)
 
 
 def f64(x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +99,9 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
 
     The scale depends on that row alone, so a row quantizes the same in any batch.
     """
+    if kernels.usable(x) and x.dtype in (torch.float32, torch.float64):
+        return kernels.quantize_rows(x, bits)  # fp32 read as it is: no fp64 copy of a weight
     a = f64(x)
-    if kernels.usable(a):
-        return kernels.quantize_rows(a, bits)
     _, exponent = torch.frexp(a.abs().amax(dim=-1, keepdim=True))
     # Clamped so that any two scales multiply to a normal power of two (|e1 + e2| < 1022);
     # rows beyond 2**±450 never occur (fp32 ends at 2**128).
@@ -87,11 +109,42 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.round(scale(a, -e)), e
 
 
+def quantize_l1(x: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x ≈ X · 2**e`` per last-axis row with ``Σ|X| <= 2**(53 - right)`` (v3's left form):
+    against a right operand of ``right`` bits every partial sum of a product stays below 2**53.
+
+    The bound is computed exactly: with ``E`` the row's peak exponent (`quantize_rows`' clamp),
+    each element's units ``ceil(|x| · 2**(30 - E)) <= 2**30`` are integers whose sum U is exact
+    in any order, ``Σ|x| <= U · 2**(E - 30)``, and ``e = E + L - 30 - (52 - right)`` for
+    ``U < 2**L`` leaves one bit for the rounding of K elements (K <= 2**(53 - right)).
+    A zero or non-finite row takes E = L = 0.
+    """
+    a = f64(x)
+    if kernels.usable(a):
+        return kernels.quantize_l1(a, right)
+    peak = a.abs().amax(dim=-1, keepdim=True)
+    _, exponent = torch.frexp(peak)  # 0 for a zero, infinite or NaN peak
+    e_peak = exponent.to(torch.int64).clamp(-450, 450)
+    units = torch.ceil(scale(a.abs(), L1_UNIT - e_peak)).sum(dim=-1, keepdim=True)
+    _, length = torch.frexp(units)
+    e = e_peak + length.to(torch.int64) - L1_UNIT - (MANTISSA - 1 - right)
+    return torch.round(scale(a, -e)), e
+
+
+def quantize_left(x: torch.Tensor, bits: int, form: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-integer left operand against a right one of ``bits``: v1's or v3's form."""
+    return quantize_l1(x, bits) if form == L1 else quantize_rows(x, bits)
+
+
 def fixed_matmul(
     xq: torch.Tensor, ex: torch.Tensor, wq: torch.Tensor, ew: torch.Tensor
 ) -> torch.Tensor:
     """Exact fp64 ``(X · 2^ex) @ (W · 2^ew)ᵀ`` from quantized rows xq (.., M, K), wq (.., N, K)."""
     s = torch.matmul(xq, wq.transpose(-1, -2))
+    if wq.dim() == 2 and kernels.usable(s):  # a linear's product: the scaling in one pass
+        n = wq.shape[0]
+        out = kernels.scale_product(s.reshape(-1, n), ex.reshape(-1, 1), ew)
+        return out.view(*xq.shape[:-1], n)
     return scale(s, ex + ew.transpose(-1, -2))  # one exact power of two (see quantize_rows)
 
 
@@ -111,15 +164,16 @@ def split_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def fixed_product(
-    x: torch.Tensor, bits: int, wq: torch.Tensor, ew: torch.Tensor, limbs: int = 1
+    x: torch.Tensor, bits: int, wq: torch.Tensor, ew: torch.Tensor, form: int = PEAK1
 ) -> torch.Tensor:
-    """Exact-per-limb fp64 ``x @ (W · 2^ew)ᵀ``: x (.., M, K) quantized here, wq (.., N, K).
+    """Exact-per-limb fp64 ``x @ (W · 2^ew)ᵀ``: x (.., M, K) quantized here in `form`
+    against wq (.., N, K) of ``bits``.
 
     With two limbs both integers of a row go through one product (rows M..2M are the
     remainders), and their scaled results meet in one correctly rounded fp64 add.
     """
-    if limbs == 1:
-        xq, ex = quantize_rows(x, bits)
+    if form != PEAK2:
+        xq, ex = quantize_left(x, bits, form)
         return fixed_matmul(xq, ex, wq, ew)
     if kernels.usable(x) and wq.dim() == 2:  # the same steps, without the torch temporaries
         k = x.shape[-1]
@@ -133,35 +187,39 @@ def fixed_product(
     return scale(s[..., :m, :], e) + scale(s[..., m:, :], e - bits)
 
 
-def native_product(x: torch.Tensor, limbs: int) -> bool:
+def native_product(x: torch.Tensor, form: int) -> bool:
     """Whether `kernel_product` should run ``x @ W.T`` (few rows on a CPU: a step)."""
-    return x[..., 0].numel() * limbs <= kernels.MAX_KERNEL_ROWS and kernels.usable(x)
+    return x[..., 0].numel() * limbs(form) <= kernels.MAX_KERNEL_ROWS and kernels.usable(x)
 
 
 def kernel_product(
-    x: torch.Tensor, bits: int, w: tuple[torch.Tensor, torch.Tensor], ew: torch.Tensor, limbs=1
+    x: torch.Tensor,
+    bits: int,
+    w: tuple[torch.Tensor, torch.Tensor],
+    ew: torch.Tensor,
+    form: int = PEAK1,
 ) -> torch.Tensor:
     """`fixed_product` with the weight integers as `kernels.split_weights` (hi, lo) (N, K): the
     same bits, read at three bytes a weight by the native loop (kernels.int_products)."""
     k = x.shape[-1]
     rows = x.reshape(-1, k)
-    if limbs == 1:
-        xq, ex = quantize_rows(rows, bits)
-        out = scale(kernels.int_products(xq, *w), ex + ew.transpose(-1, -2))
+    if form != PEAK2:
+        xq, ex = quantize_left(rows, bits, form)
+        out = kernels.scale_product(kernels.int_products(xq, *w), ex, ew)
     else:
         both, ex = kernels.split_stacked(f64(rows)[None], bits)
         out = kernels.combine(kernels.int_products(both[0], *w)[None], ex, ew, bits)
     return out.view(*x.shape[:-1], w[0].shape[0])
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, limbs: int = 1) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor, form: int = PEAK1) -> torch.Tensor:
     """``a @ b`` (batched like torch.matmul) in the portable definition, fp64 result."""
     k = a.shape[-1]
     if k == 1:  # an outer product: one correctly rounded multiplication per element
         return a.to(torch.float64) * b.to(torch.float64)
-    bits = contraction_bits(k)
+    bits = right_bits(k, form)
     wq, ew = quantize_rows(b.transpose(-1, -2), bits)
-    return fixed_product(a, bits, wq, ew, limbs)
+    return fixed_product(a, bits, wq, ew, form)
 
 
 def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:

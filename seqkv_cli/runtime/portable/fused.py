@@ -44,12 +44,12 @@ def fusable(hf_model, model_type: str) -> bool:
 class FusedDecoder:
     """``run(states, ids, positions)``: the logits `PortableLM._run` would get from the model."""
 
-    def __init__(self, hf_model, weights, limbs: int, rotary_inv_freq: torch.Tensor) -> None:
+    def __init__(self, hf_model, weights, form: int, rotary_inv_freq: torch.Tensor) -> None:
         self.model = hf_model
         self.base = hf_model.model
         self.cfg = hf_model.config
         self.weights = weights
-        self.limbs = limbs
+        self.form = form
         self.inv_freq = rotary_inv_freq
         self.attention_scaling = self.base.rotary_emb.attention_scaling
         self.model_type = self.cfg.model_type
@@ -59,12 +59,12 @@ class FusedDecoder:
     def _linear(self, x: torch.Tensor, *modules) -> list[torch.Tensor]:
         """mode._linear of each module over the same x: exact product, fp64 bias add, back to
         x's dtype; several modules go through one product of their stacked rows."""
-        bits = exact.contraction_bits(x.shape[-1])
+        bits = exact.right_bits(x.shape[-1], self.form)
         if len(modules) == 1:
             weight = self.weights.rows(modules[0].weight, bits)
         else:
             weight = self.weights.stacked([m.weight for m in modules], bits)
-        both = weight.product(x, bits, self.limbs)
+        both = weight.product(x, bits, self.form)
         sizes = [m.weight.shape[0] for m in modules]
         outs = []
         for module, out in zip(modules, both.split(sizes, dim=-1), strict=True):

@@ -64,16 +64,67 @@ def exp(a, out, coef, log2e, ln2_hi, ln2_lo, lo, hi):
         out[i] = exp1(a[i], coef, log2e, ln2_hi, ln2_lo, lo, hi)
 
 
+# No NaN (the caller checks first): the max is then order-free, which these flags let LLVM
+# use to vectorise it (the sign of a zero does not matter: the peaks are of |x|, or a zero
+# peak of scores changes no numerator).
+@njit(**exact_flags, fastmath={"reassoc", "nnan", "nsz"})
+def nan_free_abs_peak(v):
+    peak = 0.0
+    for x in v:
+        peak = max(peak, abs(x))
+    return peak
+
+
+@njit(**exact_flags)
+def has_nan(v):
+    found = False
+    for x in v:
+        found |= x != x
+    return found
+
+
+@njit(**exact_flags)
+def abs_peak(row):  # max |x| of a row; NaN if it holds one (as torch's amax)
+    return math.nan if has_nan(row) else nan_free_abs_peak(row)
+
+
 @njit(**exact_flags)
 def row_exponent(row, bits):  # exact.quantize_rows' e for one row
-    peak = 0.0
-    for v in row:
-        a = abs(v)
-        if a > peak or a != a:  # amax propagates NaN
-            peak = a
+    peak = abs_peak(row)
     # frexp(0) = (0, 0); a non-finite peak: glibc's frexp gives exponent 0 as well
     e = 0 if peak == 0.0 or not np.isfinite(peak) else math.frexp(peak)[1]
     return min(max(e, -450), 450) - bits
+
+
+L1_UNIT = 30  # exact.L1_UNIT
+
+
+@njit(**sum_flags)
+def l1_units(row, e_peak):  # exact.quantize_l1's U: integer-valued terms, exact in any order
+    s = pow2(L1_UNIT - e_peak)
+    acc = 0.0
+    for v in row:
+        acc += np.ceil(abs(v) * s)
+    return acc
+
+
+@njit(**exact_flags)
+def l1_exponent(row, right):  # exact.quantize_l1's e for one row
+    peak = abs_peak(row)
+    e_peak = 0 if peak == 0.0 or not np.isfinite(peak) else math.frexp(peak)[1]
+    e_peak = min(max(e_peak, -450), 450)
+    units = l1_units(row, e_peak)
+    length = 0 if units == 0.0 or not np.isfinite(units) else math.frexp(units)[1]
+    return e_peak + length - L1_UNIT - (52 - right)
+
+
+def quantize_l1(a, right, xq, ex):  # exact.quantize_l1 of a (M, K) -> xq (M, K), ex (M,)
+    for m in prange(a.shape[0]):
+        e = l1_exponent(a[m], right)
+        ex[m] = e
+        s = pow2(-e)
+        for k in range(a.shape[1]):
+            xq[m, k] = np.rint(a[m, k] * s)
 
 
 def quantize(a, bits, xq, ex):  # a (M, K) -> xq (M, K), ex (M,)
@@ -114,6 +165,17 @@ def combine(s, erow, ecol, bits, out):  # scale(s1, e) + scale(s2, e - bits), e 
             out[h, r, n] = s[h, r, n] * (hi * col[n]) + s[h, rows + r, n] * (lo * col[n])
 
 
+def scale_product(s, erow, ecol, out):  # exact.fixed_matmul's scaling: s (M, N) · 2**(erow+ecol)
+    m_rows, n_cols = out.shape
+    col = np.empty(n_cols)
+    for n in range(n_cols):
+        col[n] = pow2(ecol[n])
+    for m in prange(m_rows):
+        row = pow2(erow[m])  # times col[n]: 2**(erow + ecol) exactly (normal, see combine)
+        for n in range(n_cols):
+            out[m, n] = s[m, n] * (row * col[n])
+
+
 @njit(**sum_flags)
 def integer_sum(v):  # integer-valued terms, sum below 2**53: exact in any order
     acc = 0.0
@@ -122,22 +184,55 @@ def integer_sum(v):  # integer-valued terms, sum below 2**53: exact in any order
     return acc
 
 
-@njit(inline="always", **exact_flags)
-def value_weights(buf, ev_row, pb, coef, c1, c2, c3, c4, c5):
-    """One query row's masked scores -> its softmax numerators (exp of score - max, rounded
-    to 2**-pb), each times its key's value scale, in place; returns the numerators' sum."""
-    n = buf.shape[0]
+@njit(**exact_flags, fastmath={"reassoc", "nnan", "nsz"})
+def nan_free_peak(v):  # as nan_free_abs_peak, of the values themselves
     peak = -math.inf
+    for x in v:
+        peak = max(peak, x)
+    return peak
+
+
+@njit(inline="always", **exact_flags)
+def value_weights(buf, vscale, pb, coef, c1, c2, c3, c4, c5):
+    """One query row's masked scores -> its softmax numerators (exp of score - max, rounded
+    to 2**-pb), each times its key's value scale (vscale), in place; returns their sum.
+
+    The same bits as `exp1` step by step, in passes LLVM vectorises: every score is <= the
+    peak, so k <= 0, and where k + pb >= -1 the powers 2**half · 2**(k - half) · 2**pb are
+    exact and equal 2**(k + pb), built here from its bits; below that both give 0 (the
+    numerator rounds to 0 from under 2**-1), as does -inf.
+    """
+    n = buf.shape[0]
+    peak = math.nan if has_nan(buf) else nan_free_peak(buf)  # amax propagates NaN
+    acc = np.empty(n)
+    power = np.empty(n, dtype=np.int64)
     for j in range(n):
-        if buf[j] > peak or buf[j] != buf[j]:  # amax propagates NaN
-            peak = buf[j]
-    unit = pow2(pb)
+        x0 = buf[j] - peak
+        x = c4 if x0 < c4 else (c5 if x0 > c5 else x0)  # exp1's clamp; NaN stays NaN
+        k = np.rint(x * c1)
+        r = (x - k * c2) - k * c3
+        a = coef[0]
+        for i in range(1, EXP_TERMS):
+            a = a * r + coef[i]
+        acc[j] = a
+        m = k + pb
+        power[j] = (np.int64(m) + 1023) << 52 if m >= -1.0 else 0  # NaN: 0 as well
+    scale = power.view(np.float64)  # 2**(k + pb), or 0.0
     for j in range(n):
-        buf[j] = np.rint(exp1(buf[j] - peak, coef, c1, c2, c3, c4, c5) * unit)
+        buf[j] = np.rint(acc[j] * scale[j])  # NaN stays NaN (NaN · 0)
     total = integer_sum(buf)
     for j in range(n):
-        buf[j] = buf[j] * pow2(ev_row[j])
+        buf[j] = buf[j] * vscale[j]
     return total
+
+
+@njit(**exact_flags)
+def powers_of(e):  # 2**e of an exponent table (H, n) -> fp64 (H, n)
+    out = np.empty(e.shape)
+    for h in range(e.shape[0]):
+        for j in range(e.shape[1]):
+            out[h, j] = pow2(e[h, j])
+    return out
 
 
 def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, total):
@@ -146,22 +241,25 @@ def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, 
     sum, each key's value scale folded in, and the weights split as `split_rows`."""
     heads, rows = ew.shape  # w (H, limbs·R, n): the weights' integers, limb by limb
     n = w.shape[2]
-    kbits, vbits, pbits, window, limbs, scaling = spec
-    kb, vb, pb, wnd, two = int(kbits), int(vbits), int(pbits), int(window), limbs == 2.0
+    kbits, vbits, pbits, window, form, scaling = spec
+    kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
+    two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
+    kscale, vscale = powers_of(ek), powers_of(ev)
     for t in prange(heads * rows):
         h = t // rows
         r = t - h * rows
         buf = w[h, r]  # scores, then weights, then their first limb: in the output row
+        # 2**(ex + ek) = 2**ex · 2**ek exactly (normal: quantize_rows' clamp), as combine
+        hi, lo, qp = pow2(ex[h, r]), pow2(ex[h, r] - kb), qpos[r]
         for j in range(n):  # loops without a carried sum, so that they vectorise
-            e = ex[h, r] + ek[h, j]
-            sc = s[h, r, j] * pow2(e)
+            sc = s[h, r, j] * (hi * kscale[h, j])
             if two:
-                sc = sc + s[h, rows + r, j] * pow2(e - kb)
+                sc = sc + s[h, rows + r, j] * (lo * kscale[h, j])
             sc = sc * scaling
-            hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
+            hidden = j > qp or (wnd >= 0 and qp - j >= wnd)
             buf[j] = -math.inf if hidden else sc
-        total[h, r] = value_weights(buf, ev[h], pb, coef, c1, c2, c3, c4, c5)
-        e = row_exponent(buf, vb)
+        total[h, r] = value_weights(buf, vscale[h], pb, coef, c1, c2, c3, c4, c5)
+        e = l1_exponent(buf, vb) if l1 else row_exponent(buf, vb)
         ew[h, r] = e
         down, back, rest = pow2(-e), pow2(e), pow2(vb - e)
         for j in range(n):
@@ -184,14 +282,16 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out)
     row) the query's limbs, its integer sums with the first n keys, the softmax weights as
     `softmax_weights`, and their integer sums with the values, scaled and divided."""
     heads, rows, hd = out.shape
-    kbits, vbits, pbits, window, limbs, scaling = spec
-    kb, vb, pb, wnd, two = int(kbits), int(vbits), int(pbits), int(window), limbs == 2.0
+    kbits, vbits, pbits, window, form, scaling = spec
+    kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
+    two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
+    vscale = powers_of(ev[:, :n])
     for t in prange(heads * rows):
         h = t // rows
         r = t - h * rows
         x1 = np.empty(hd)
         x2 = np.zeros(hd)
-        e = row_exponent(q[h, r], kb)
+        e = l1_exponent(q[h, r], kb) if l1 else row_exponent(q[h, r], kb)
         down, back, rest = pow2(-e), pow2(e), pow2(kb - e)
         for d in range(hd):
             x1[d] = np.rint(q[h, r, d] * down)
@@ -205,8 +305,8 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out)
             sc = sc * scaling
             hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
             buf[j] = -math.inf if hidden else sc
-        total = value_weights(buf, ev[h], pb, coef, c1, c2, c3, c4, c5)
-        ew = row_exponent(buf, vb)
+        total = value_weights(buf, vscale[h], pb, coef, c1, c2, c3, c4, c5)
+        ew = l1_exponent(buf, vb) if l1 else row_exponent(buf, vb)
         down, back, rest = pow2(-ew), pow2(ew), pow2(vb - ew)
         acc1 = np.zeros(hd)
         acc2 = np.zeros(hd)
@@ -236,8 +336,10 @@ KERNELS = {
     "products": _both(products, sum_flags),
     "exp": _both(exp, exact_flags),
     "quantize": _both(quantize, exact_flags),
+    "quantize_l1": _both(quantize_l1, exact_flags),
     "split": _both(split, exact_flags),
     "combine": _both(combine, exact_flags),
+    "scale_product": _both(scale_product, exact_flags),
     "softmax_weights": _both(softmax_weights, exact_flags),
     "attend_rows": _both(attend_rows, exact_flags),
 }

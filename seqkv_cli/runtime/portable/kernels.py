@@ -141,10 +141,19 @@ def _rows(a: torch.Tensor) -> np.ndarray:
 
 
 def quantize_rows(a: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact.quantize_rows` of an fp64 CPU tensor (same bits)."""
+    """`exact.quantize_rows` of an fp64 or fp32 CPU tensor (same bits: every fp32 value is
+    exact in fp64, and the kernel's arithmetic is fp64): fp64 integers."""
+    rows = _rows(a)
+    xq, ex = np.empty(rows.shape), np.empty(rows.shape[0], dtype=np.int64)
+    _variant("quantize", rows.size)(rows, bits, xq, ex)
+    return torch.from_numpy(xq).view(a.shape), torch.from_numpy(ex).view(*a.shape[:-1], 1)
+
+
+def quantize_l1(a: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exact.quantize_l1` of an fp64 CPU tensor (same bits)."""
     rows = _rows(a)
     xq, ex = np.empty_like(rows), np.empty(rows.shape[0], dtype=np.int64)
-    _variant("quantize", rows.size)(rows, bits, xq, ex)
+    _variant("quantize_l1", rows.size)(rows, right, xq, ex)
     return torch.from_numpy(xq).view(a.shape), torch.from_numpy(ex).view(*a.shape[:-1], 1)
 
 
@@ -177,6 +186,14 @@ def combine(s: torch.Tensor, erow: torch.Tensor, ecol: torch.Tensor, bits: int) 
     return torch.from_numpy(out)
 
 
+def scale_product(s: torch.Tensor, erow: torch.Tensor, ecol: torch.Tensor) -> torch.Tensor:
+    """``exact.scale(s, erow + ecolᵀ)`` for a product's integer sums s (M, N), erow (M, 1)
+    and ecol (N, 1), in one pass (same bits): fp64 (M, N)."""
+    out = np.empty(tuple(s.shape))
+    _variant("scale_product", out.size)(_np(s), _np(erow).reshape(-1), _np(ecol).reshape(-1), out)
+    return torch.from_numpy(out)
+
+
 def softmax_weights(
     s: torch.Tensor,
     ex: torch.Tensor,
@@ -185,13 +202,14 @@ def softmax_weights(
     qpos: torch.Tensor,
     bits: tuple[int, int, int],
     window: int | None,
-    limbs: int,
+    form: int,
     scaling: float,
     constants: tuple,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention.attend's steps between its two products, fused (same bits).
 
-    s (heads, limbs·R, n): the integer sums of the R query rows' limbs with the keys;
+    s (heads, limbs·R, n): the integer sums of the R query rows' limbs (``form``, as
+    `exact.FORMS`) with the keys;
     ex (heads, R, 1), ek and ev (heads, n, 1): row exponents of the queries, keys and values;
     qpos (R,): each query row's position; bits: the state's (key, value, probability) bits.
     Returns the value weights' integers (heads, limbs·R, n; `split_stacked` order), their row
@@ -199,10 +217,10 @@ def softmax_weights(
     """
     heads, _, n = s.shape
     rows = ex.shape[1]
-    w = np.empty((heads, limbs * rows, n))
+    w = np.empty((heads, (2 if form == 2 else 1) * rows, n))  # exact.limbs(form)
     ew = np.empty((heads, rows), dtype=np.int64)
     total = np.empty((heads, rows))
-    spec = (*map(float, bits), -1.0 if window is None else float(window), float(limbs), scaling)
+    spec = (*map(float, bits), -1.0 if window is None else float(window), float(form), scaling)
     _variant("softmax_weights", heads * rows * n * 40)(
         _np(s),
         _np(ex).reshape(heads, rows),
@@ -240,7 +258,7 @@ def attend_rows(
     spec = (
         *map(float, state.bits),
         -1.0 if window is None else float(window),
-        float(state.limbs),
+        float(state.form),
         scaling,
     )
     cap = state.capacity

@@ -172,13 +172,13 @@ def _is_float(x) -> bool:
 
 class PortableMode(TorchDispatchMode):
     """Runs inside ``with PortableMode(weights):``; ``weights`` caches quantized parameters,
-    ``limbs`` is the definition's integers per activation operand (`exact.LIMBS`)."""
+    ``form`` is the definition's form of a product's left operand (`exact.FORMS`)."""
 
-    def __init__(self, weights: WeightCache, model_type: str = "?", limbs: int = 1) -> None:
+    def __init__(self, weights: WeightCache, model_type: str = "?", form: int = 1) -> None:
         super().__init__()
         self.weights = weights
         self.model_type = model_type
-        self.limbs = limbs
+        self.form = form
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -240,11 +240,11 @@ class QuantizedWeight:
             self._ints = kernels.split_weights(self.f64)
         return self._ints
 
-    def product(self, x: torch.Tensor, bits: int, limbs: int) -> torch.Tensor:
+    def product(self, x: torch.Tensor, bits: int, form: int) -> torch.Tensor:
         """Exact fp64 ``x @ Wᵀ`` in the portable definition (`exact.fixed_product`'s bits)."""
-        if self.native and exact.native_product(x, limbs):
-            return exact.kernel_product(x, bits, self.ints, self.e, limbs)
-        return exact.fixed_product(x, bits, self.f64, self.e, limbs)
+        if self.native and exact.native_product(x, form):
+            return exact.kernel_product(x, bits, self.ints, self.e, form)
+        return exact.fixed_product(x, bits, self.f64, self.e, form)
 
 
 class WeightCache:
@@ -271,9 +271,12 @@ class WeightCache:
         key = ("stacked", *(self._key(w, bits) for w in ws))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = QuantizedWeight.stacked([self.rows(w, bits) for w in ws])
-            for w in ws:
-                self._cache.pop(self._key(w, bits), None)
+            singles = [self._cache.pop(self._key(w, bits), None) for w in ws]
+            if all(singles):  # quantized already (the probe's reference run): reuse them
+                hit = QuantizedWeight.stacked(singles)
+            else:  # rows quantize alone: the stacked rows' integers are the singles'
+                hit = QuantizedWeight.of(torch.cat(ws), bits)
+            self._cache[key] = hit
         return hit
 
     @staticmethod
@@ -286,8 +289,8 @@ def _matmul(mode: PortableMode, a: torch.Tensor, b: torch.Tensor, dtype) -> torc
     k = a.shape[-1]
     if k == 1:
         return exact.matmul(a, b).to(dtype)
-    bits = exact.contraction_bits(k)
-    return mode.weights.rows(b.transpose(-1, -2), bits).product(a, bits, mode.limbs).to(dtype)
+    bits = exact.right_bits(k, mode.form)
+    return mode.weights.rows(b.transpose(-1, -2), bits).product(a, bits, mode.form).to(dtype)
 
 
 def _mm(mode, func, args, kwargs):
@@ -306,10 +309,9 @@ def _addmm(mode, func, args, kwargs):
 def _linear(mode, func, args, kwargs):
     x, w = args[0], args[1]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
-    k = x.shape[-1]
-    bits = exact.contraction_bits(k)
+    bits = exact.right_bits(x.shape[-1], mode.form)
     # rows of W are the contraction vectors already
-    out = mode.weights.rows(w, bits).product(x, bits, mode.limbs)
+    out = mode.weights.rows(w, bits).product(x, bits, mode.form)
     if bias is not None:
         out = out + bias.to(torch.float64)
     return out.to(x.dtype)

@@ -45,11 +45,11 @@ class PortableLM:
 
     surprisal = staticmethod(portable_surprisal_bits)
 
-    def __init__(self, hf_model, numeric_path: str = exact.NUMERIC_PATH_V2) -> None:
-        if numeric_path not in exact.LIMBS:
+    def __init__(self, hf_model, numeric_path: str = exact.NUMERIC_PATH_V3) -> None:
+        if numeric_path not in exact.FORMS:
             raise SeqkvError(f"{numeric_path!r} is not a portable numeric path")
         self.numeric_path = numeric_path
-        self.limbs = exact.LIMBS[numeric_path]
+        self.form = exact.FORMS[numeric_path]
         cfg = getattr(hf_model.config, "text_config", None) or hf_model.config
         self.model_type = getattr(cfg, "model_type", "?")
         _refuse_unvetted(hf_model, self.model_type)
@@ -65,21 +65,25 @@ class PortableLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.vocab_size = cfg.vocab_size
         self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
-        # Fixed-point widths: q·k over head_dim; weights·V and the softmax sum over the context
-        # (softmax numerators <= 1 in units of 2**-prob_bits, so a row sums below 2**53).
+        # Fixed-point widths: keys for q·k over head_dim, values for weights·V over the context
+        # (v3: fixed, the queries and weights carry the L1 bound), and the softmax numerators
+        # (<= 1 in units of 2**-prob_bits, so a row sums below 2**53 at the model's context).
         context_bits = max(1, self.max_context - 1).bit_length()
-        self.bits = (
-            exact.contraction_bits(self.head_dim),
-            exact.contraction_bits(self.max_context),
-            exact.MANTISSA - context_bits,
-        )
+        if self.form == exact.L1:
+            kv_bits = (exact.L1_KV_BITS, exact.L1_KV_BITS)
+        else:
+            kv_bits = (
+                exact.contraction_bits(self.head_dim),
+                exact.contraction_bits(self.max_context),
+            )
+        self.bits = (*kv_bits, exact.MANTISSA - context_bits)
         self.weights = WeightCache(hf_model)
         self._configs = list({id(c): c for c in _configs(hf_model)}.values())
         self._rotary = self._portable_rotary()
         self.fused = self._fused_decoder()
 
     def _mode(self) -> PortableMode:
-        return PortableMode(self.weights, self.model_type, self.limbs)
+        return PortableMode(self.weights, self.model_type, self.form)
 
     @contextlib.contextmanager
     def _installed(self):
@@ -146,18 +150,21 @@ class PortableLM:
         inv_freq = next((f for m, f in self._rotary if m is rotary), None)
         if inv_freq is None:
             return None
-        decoder = fused.FusedDecoder(self.model, self.weights, self.limbs, inv_freq)
+        decoder = fused.FusedDecoder(self.model, self.weights, self.form, inv_freq)
         # What can differ is the order of operations (the canary checks the products'
-        # kernels), so two chunks of 5 and 6 tokens: BLAS-sized, no step weights made here.
-        ids = torch.arange(11) % self.vocab_size
+        # kernels), so two chunks of more rows than a step kernel takes: BLAS-sized, so the
+        # probe makes no 3-byte step weights (a capture never needs them).
+        first = kernels.MAX_KERNEL_ROWS + 1
+        n = 2 * first + 1
+        ids = torch.arange(n) % self.vocab_size
         runs = []
         for run in (self._run_reference, decoder.run):
-            state = self.new_state(11)
+            state = self.new_state(n)
             logits = [
-                self._forward_with(run, state, ids[:5]),
-                self._forward_with(run, state, ids[5:]),
+                self._forward_with(run, state, ids[:first]),
+                self._forward_with(run, state, ids[first:]),
             ]
-            runs.append((torch.cat(logits), state.keys[:, :, :11], state.values[:, :, :11]))
+            runs.append((torch.cat(logits), state.keys[:, :, :n], state.values[:, :, :n]))
         if all(_same_bits(a, b) for a, b in zip(*runs, strict=True)):
             return decoder
         warnings.warn(
@@ -177,7 +184,7 @@ class PortableLM:
             capacity,
             self.bits,
             self.device,
-            self.limbs,
+            self.form,
         )
 
     @torch.inference_mode()
@@ -298,7 +305,7 @@ def _refuse_unvetted(hf_model, model_type: str) -> None:
 
 
 # A fixed input grid through every primitive; its digest is a constant of the definition.
-CANARY_DIGEST = "6ed07e110966de07ef3a3aabd8be7e6af4b2893b7abefb2b815ff0f83b68adf5"
+CANARY_DIGEST = "295fe8e6e55106331bbb0b4c6c61d3d8d408b756a0f680d34f1c19850e3cdfd4"
 
 
 def canary_digest(device=None) -> str:
@@ -319,7 +326,8 @@ def canary_digest(device=None) -> str:
         exact.tree_sum(rows, -1),
         exact.rsqrt(rows.abs() + 1.0),
         exact.matmul(rows, rows.t().contiguous()).float(),
-        exact.matmul(rows, rows.t().contiguous(), limbs=2),  # fp64: both integers' sum
+        exact.matmul(rows, rows.t().contiguous(), exact.PEAK2),  # fp64: both integers' sum
+        exact.matmul(rows * rows.abs(), rows.t().contiguous(), exact.L1),  # L1-scaled rows
         exact.pow_(
             10000.0,
             torch.arange(0, 64, 2, dtype=torch.float32, device=i.device) / 64,
@@ -343,27 +351,27 @@ def kernels_agree() -> bool:
     x = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(4, 1536)
     w = ((i * 104729 % 3001 - 1500).to(torch.float64) / 13.0).float().view(4, 1536)
     w = torch.cat([w, w.flip(-1), -w, w * 1e-3]).repeat(8, 1)  # (128, 1536), row peaks differ
-    bits = exact.contraction_bits(1536)
-    got = [
-        QuantizedWeight.of(w, bits).product(x[:n], bits, limbs) for n in (1, 3) for limbs in (1, 2)
-    ]
+    forms = (exact.PEAK1, exact.PEAK2, exact.L1)
+    cases = [(n, form, exact.right_bits(1536, form)) for n in (1, 3) for form in forms]
+    got = [QuantizedWeight.of(w, bits).product(x[:n], bits, form) for n, form, bits in cases]
     heads, n = 2, 40
-    states = []
+    steps = {True: [], False: []}
     for native in (True, False):
         with contextlib.nullcontext() if native else kernels.reference():
-            state = PortableState(1, heads, 64, n, (23, 19, 40), limbs=2)
-            k = x.view(-1)[: heads * n * 64].view(heads, n, 64)
-            state.write(0, k, k.flip(-1) * 0.5)
-            state.length = n - 1
-            q = x.view(-1)[-4 * 64 :].view(4, 1, 64)  # 4 query heads over 2 KV heads, a step
-            states.append(attend(state, 0, q, 0.125, None, None))
+            for bits, form in (((23, 19, 40), exact.PEAK2), ((23, 23, 40), exact.L1)):
+                state = PortableState(1, heads, 64, n, bits, form=form)
+                k = x.view(-1)[: heads * n * 64].view(heads, n, 64)
+                state.write(0, k, k.flip(-1) * 0.5)
+                state.length = n - 1
+                q = x.view(-1)[-4 * 64 :].view(4, 1, 64)  # 4 query heads over 2 KV heads, a step
+                steps[native].append(attend(state, 0, q, 0.125, None, None))
             if not native:
                 want = [
-                    exact.fixed_product(x[:m], bits, *exact.quantize_rows(w, bits), limbs)
-                    for m in (1, 3)
-                    for limbs in (1, 2)
+                    exact.fixed_product(x[:m], bits, *exact.quantize_rows(w, bits), form)
+                    for m, form, bits in cases
                 ]
-    return all(_same_bits(a, b) for a, b in zip([*got, states[0]], [*want, states[1]], strict=True))
+    pairs = zip([*got, *steps[True]], [*want, *steps[False]], strict=True)
+    return all(_same_bits(a, b) for a, b in pairs)
 
 
 def run_canary(device=None) -> None:
@@ -381,7 +389,7 @@ def run_canary(device=None) -> None:
         on = "" if where == "cpu" else f" on {where}"
         raise SeqkvError(
             f"portable numerics canary failed{on}: this machine's floating point does not "
-            f"reproduce the portable ({', '.join(exact.LIMBS)}) primitives (flush-to-zero or "
+            f"reproduce the portable ({', '.join(exact.FORMS)}) primitives (flush-to-zero or "
             "fused operations?); "
             "files written on the portable path cannot be coded or decoded here"
         )
