@@ -34,7 +34,8 @@ def pipeline_command(
 ) -> None:
     """Capture inputs, compress them with seq and a per-vector baseline, verify, summarise."""
     from seqkv_cli.fsutil import refuse_output_in_inputs
-    from seqkv_cli.kvcapture.api import capture_one, input_files, prepare_capture
+    from seqkv_cli.kvcapture.api import input_files, prepare_capture
+    from seqkv_cli.skv.capture_code import capture_and_code
     from seqkv_cli.skv.compress import compress_captures, resolve_codec
     from seqkv_cli.skv.verify import check_verify_mode
 
@@ -46,28 +47,15 @@ def pipeline_command(
     lm, plan, targets = prepare_capture(
         inputs, model=model, out=out / "captures", dtype=dtype, progress=say
     )
-    captures = []
     with token_progress() as bar:
-        task = bar.add_task("capturing", total=plan.total_tokens)
-        for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True):
-            captures.append(
-                capture_one(
-                    lm,
-                    doc,
-                    ids,
-                    target,
-                    dtype=dtype,
-                    canonical=True,
-                    on_progress=lambda n: bar.advance(task, n),
-                )
-            )
-        task = bar.add_task("compressing (seq)", total=plan.total_tokens)
-        seq = compress_captures(
+        # One walk of the model captures and codes: a shared prefix is run once (skv/capture_code)
+        task = bar.add_task("capturing + coding (seq)", total=plan.total_tokens)
+        seq, captures = capture_and_code(
+            lm,
+            plan,
             targets,
             out / "seq.skv",
-            codec="seq",
-            model=lm,
-            check=False,
+            dtype=dtype,
             on_progress=lambda n: bar.advance(task, n),
         )
         task = bar.add_task(f"compressing ({baseline})", total=plan.total_tokens)

@@ -35,11 +35,14 @@ def compress_sources(
     on_progress,
     near_dup=False,
     layout: str = "auto",
+    on_session=None,
 ):
-    """A new trie archive at `out` from sources (capture files or in-memory captures).
+    """A new trie archive at `out` from sources (capture files, in-memory captures or
+    tokens only).
 
     `layout`: "auto" (one session that qualifies: a compact file), "compact" or "trie"
-    (trie/write.py, write_new)."""
+    (trie/write.py, write_new). `on_session(index, capture)`: each tokens-only source as
+    the walk recomputed it (trie/encode.py), before the archive is verified and published."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.sequential.registry import capabilities
     from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
@@ -73,7 +76,9 @@ def compress_sources(
         members = choose_members(sources)
     trie = Trie()
     ends = write.plan(trie, sources, members)
-    build = write.build_segment(trie, 0, sources, ends, coder, canon, on_progress, members=members)
+    build = write.build_segment(
+        trie, 0, sources, ends, coder, canon, on_progress, members=members, on_session=on_session
+    )
     meta = {
         "created": created_utc(),
         "writer": writer_version(),

@@ -148,11 +148,14 @@ def encode_model_segment(
     canon,
     on_progress=None,
     members: dict[int, int] | None = None,
+    on_session=None,
 ) -> SegmentBuild:
     """Walk the nodes this segment needs; code its new nodes; check its sessions.
 
     `members` ({session: centroid session}) are stored as edits of their centroid
-    (neardup_store.py) instead of as trie paths.
+    (neardup_store.py) instead of as trie paths. `on_session(local, capture)` sees each
+    tokens-only session as the Capture the walk recomputed for it (what `seqkv pipeline`
+    writes as its captures: one walk of the model for capture and coding).
     """
     members = members or {}
     build = SegmentBuild(session_records(sources, ends))
@@ -198,6 +201,8 @@ def encode_model_segment(
                 base,
                 unrounded,
             )
+            if on_session and src.recompute:
+                on_session(local, cap)
             if on_progress:
                 on_progress(cap.positions)
 

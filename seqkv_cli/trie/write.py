@@ -41,14 +41,23 @@ def plan(trie: Trie, sources: list[Source], members=None) -> list[tuple[int, int
 
 
 def build_segment(
-    trie, first_new, sources, ends, coder, canon, on_progress, archived=None, members=None
+    trie,
+    first_new,
+    sources,
+    ends,
+    coder,
+    canon,
+    on_progress,
+    archived=None,
+    members=None,
+    on_session=None,
 ) -> SegmentBuild:
     from seqkv_cli.sequential.registry import capabilities
 
     if capabilities(coder).needs_canonical:
         refuse_out_of_vocab(sources, canon.vocab_size)
         build = encode_model_segment(
-            trie, first_new, sources, ends, coder, canon, on_progress, members or {}
+            trie, first_new, sources, ends, coder, canon, on_progress, members or {}, on_session
         )
     else:
         from seqkv_cli.trie.pervector import encode_pervector_segment
