@@ -109,14 +109,14 @@ def rate_and_exactness(lm, caps, folder: Path) -> list[dict]:
     return rows, speed
 
 
-def decode_speed(lm, ids, sessions: int, length: int) -> float:
+def decode_speed(lm, ids, sessions: int, length: int, numerics: str | None = None) -> float:
     """seq decode tokens/s with `sessions` independent sessions stepped as rows."""
     from seqkv_cli.kvcapture.engine import canonical_model
     from seqkv_cli.sequential.adapter import CanonicalLogits
     from seqkv_codecs.sequential import encode_tokens
     from seqkv_codecs.sequential.batch_decode import decode_tokens_batch
 
-    canon = canonical_model(lm)
+    canon = canonical_model(lm, numerics)
     seqs = [ids[i * length : (i + 1) * length].numpy() for i in range(sessions)]
     streams = [encode_tokens(s, CanonicalLogits(canon)) for s in seqs]
     out, seconds = timed(lambda: decode_tokens_batch(streams, CanonicalLogits(canon)))

@@ -3,13 +3,14 @@
     python bench/native_speed.py --json bench/results/native_speed.json --append docs/BENCHMARKS.md
 
 * whole processes (the `seqkv` command, OMP_WAIT_POLICY=PASSIVE as it sets): `capture` of a
-  ~2,000-token text (prose + code) on the portable path against `capture --no-canonical`, and
-  a `seq-fast` restore of it (`decompress`: tokens plus one portable prefill);
+  ~2,000-token text (prose + code) on the default path (portable-fx53-v3) and on v2 (the
+  previous default) against `capture --no-canonical`, and a `seq-fast` restore of it
+  (`decompress`: tokens plus one portable prefill);
 * in one process, interleaved so that both see the same machine: a one-token portable step
   against a transformers DynamicCache step on the same tokens, a 256-token prefill each, and
-  `seq` decode of one session (and of 8 siblings as rows) against the transformers step loop;
-* the same with the native kernels off (``SEQKV_PORTABLE_KERNELS=reference``, the torch
-  reference of the definition), for the before/after.
+  `seq` decode of one session (and of 8 sessions as rows) against the transformers step loop;
+  for v3 and for v2 (``--reference`` adds v3 with the native kernels off,
+  ``SEQKV_PORTABLE_KERNELS=reference``).
 Run it alone: on 2 cores a neighbour's load is measured too.
 """
 
@@ -54,6 +55,10 @@ def processes(folder: Path, lm, threads: int) -> dict:
         "capture", str(src), "-o", str(folder / "plain.safetensors"), "--no-canonical", *threads
     )
     canonical = _seqkv("capture", str(src), "-o", str(folder / "canon.safetensors"), *threads)
+    v2 = _seqkv(
+        "capture", str(src), "-o", str(folder / "v2.safetensors"), "--numerics", "portable-v2",
+        *threads,
+    )  # fmt: skip
     skv = folder / "fast.skv"
     _seqkv(
         "compress",
@@ -68,19 +73,20 @@ def processes(folder: Path, lm, threads: int) -> dict:
     return {
         "capture_no_canonical_s": plain,
         "capture_portable_s": canonical,
+        "capture_portable_v2_s": v2,
         "seq_fast_restore_s": restore,
         "capture_ratio": canonical / plain,
+        "capture_v2_ratio": v2 / plain,
         "seq_fast_restore_ratio": restore / plain,
     }
 
 
-def in_process(lm, reference: bool) -> dict:
+def in_process(lm, path: str, reference: bool = False) -> dict:
     from transformers import DynamicCache
 
     from bench.bench_seq import decode_speed
     from seqkv_cli.kvcapture.engine import canonical_model
     from seqkv_cli.runtime.hfcompat import forward_with_cache
-    from seqkv_cli.runtime.numerics import PORTABLE
     from seqkv_cli.runtime.portable import kernels
 
     text = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
@@ -89,8 +95,8 @@ def in_process(lm, reference: bool) -> dict:
     if reference:
         os.environ[kernels.ENV] = "reference"
     try:
-        lm.extra.pop(f"canonical:{PORTABLE}", None)
-        canon = canonical_model(lm, PORTABLE)
+        lm.extra.pop(f"canonical:{path}", None)
+        canon = canonical_model(lm, path)
         state = canon.new_state(400)
         with torch.inference_mode():
             t = time.perf_counter()
@@ -109,11 +115,11 @@ def in_process(lm, reference: bool) -> dict:
                 theirs.append(time.perf_counter() - t)
         step, hf_step = statistics.median(ours), statistics.median(theirs)
         steps = 24 if reference else 96
-        one = decode_speed(lm, ids, 1, steps)
-        rows = decode_speed(lm, ids, 8, steps)
+        one = decode_speed(lm, ids, 1, steps, path)
+        rows = decode_speed(lm, ids, 8, steps, path)
         hf_loop = 1.0 / hf_step  # tokens/s of the transformers step loop
     finally:
-        lm.extra.pop(f"canonical:{PORTABLE}", None)
+        lm.extra.pop(f"canonical:{path}", None)
         if saved is None:
             os.environ.pop(kernels.ENV, None)
         else:
@@ -133,33 +139,30 @@ def in_process(lm, reference: bool) -> dict:
 
 
 def table(result: dict) -> str:
-    p, n, r = result["processes"], result["native"], result.get("reference")
-    lines = [
-        "| measurement | native kernels (default) | torch reference |",
-        "| --- | --- | --- |",
-    ]
+    p, runs = result["processes"], result["runs"]
+    names = list(runs)
+    lines = ["| measurement | " + " | ".join(names) + " |", "|" + " --- |" * (len(names) + 1)]
 
     def row(label, key, fmt):
-        ref = fmt.format(r[key]) if r else "not run"
-        lines.append(f"| {label} | {fmt.format(n[key])} | {ref} |")
+        lines.append(f"| {label} | " + " | ".join(fmt.format(runs[n][key]) for n in names) + " |")
 
-    row("prefill of 256 tokens, s (transformers fp32 beside it)", "prefill_256_s", "{:.2f}")
-    row("prefill / transformers prefill", "prefill_ratio", "{:.2f} x")
+    row("prefill of 256 tokens, s", "prefill_256_s", "{:.2f}")
+    row("prefill / transformers prefill (same run)", "prefill_ratio", "{:.2f} x")
     row("one-token step, ms", "step_ms", "{:.1f}")
-    row("step / transformers DynamicCache step", "step_ratio", "{:.2f} x")
-    row(
-        "`seq` decode, one session / transformers step loop",
-        "seq_decode_vs_hf_step_loop",
-        "{:.2f} x",
-    )
-    row("8 siblings as rows / one session", "siblings_8_vs_1", "{:.2f} x")
+    row("step / transformers DynamicCache step (interleaved)", "step_ratio", "{:.2f} x")
+    row("`seq` decode, one session / transformers step loop", "seq_decode_vs_hf_step_loop",
+        "{:.2f} x")  # fmt: skip
+    row("8 sessions as rows / one session", "siblings_8_vs_1", "{:.2f} x")
+    first = runs[names[0]]
     lines.append(
         f"\nWhole processes ({TOKENS} tokens of prose + code): `seqkv capture` "
         f"{p['capture_portable_s']:.1f} s against `--no-canonical` "
-        f"{p['capture_no_canonical_s']:.1f} s "
-        f"(**{p['capture_ratio']:.2f} x**); `seq-fast` restore (`decompress`) "
+        f"{p['capture_no_canonical_s']:.1f} s (**{p['capture_ratio']:.2f} x**; "
+        f"`--numerics portable-v2` {p['capture_portable_v2_s']:.1f} s, "
+        f"{p['capture_v2_ratio']:.2f} x); `seq-fast` restore (`decompress`) "
         f"{p['seq_fast_restore_s']:.1f} s (**{p['seq_fast_restore_ratio']:.2f} x**). "
-        f"transformers step {n['hf_step_ms']:.1f} ms, prefill {n['hf_prefill_256_s']:.2f} s."
+        f"transformers step {first['hf_step_ms']:.1f} ms, prefill "
+        f"{first['hf_prefill_256_s']:.2f} s."
     )
     return "\n".join(lines)
 
@@ -167,7 +170,7 @@ def table(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip-reference", action="store_true", help="only the default run")
+    parser.add_argument("--reference", action="store_true", help="add v3 without the kernels")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--append", type=Path, help="append the Markdown table to this file")
     args = parser.parse_args()
@@ -175,17 +178,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from seqkv_cli.runtime.loading import load_model
+    from seqkv_cli.runtime.numerics import PORTABLE, PORTABLE_V2
 
     lm = load_model()
     result = {"environment": environment(lm)}
     with tempfile.TemporaryDirectory() as tmp:
         result["processes"] = processes(Path(tmp), lm, args.threads)
     print("processes", result["processes"], flush=True)
-    result["native"] = in_process(lm, reference=False)
-    print("native", result["native"], flush=True)
-    if not args.skip_reference:
-        result["reference"] = in_process(lm, reference=True)
-        print("reference", result["reference"], flush=True)
+    runs = {PORTABLE: in_process(lm, PORTABLE), PORTABLE_V2: in_process(lm, PORTABLE_V2)}
+    if args.reference:
+        runs[f"{PORTABLE}, torch reference"] = in_process(lm, PORTABLE, reference=True)
+    result["runs"] = runs
+    print("runs", runs, flush=True)
     heading = "### The portable forward at native speed (issue 29)\n\n"
     env_line = environment_line(result["environment"], command_line())
     publish(result, heading + env_line + "\n\n" + table(result) + "\n", args.json, args.append)

@@ -63,7 +63,12 @@ def test_users_own_cache_comes_back_bit_for_bit(tmp_path, user_model, dtype):
     _assert_same(cache, loaded)
     _assert_same(cache, portable)
     assert loaded.get_seq_length() == 40
-    assert not torch.equal(canonical.layers[1].keys, cache.layers[1].keys)
+    # the canonical recompute is not the user's cache (replay is what brought theirs back);
+    # somewhere, not in a given layer: in bf16 the closer v3 can round a whole layer alike
+    assert any(
+        not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))
+        for a, b in zip(canonical.layers, cache.layers, strict=True)
+    )
 
 
 def test_a_generate_cache_replays_with_its_prompt_length(tmp_path, user_model):

@@ -5,7 +5,8 @@ goldens do not depend on torch's random generator), with the capture they restor
 re-run this to make a failing golden test pass; a new numeric path gets new goldens beside the
 old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR [NUMERICS [MODEL_DIR]]
 (seq-v1/ was written by de81bf6 on the legacy path; seq-portable-v1/ on portable-fx53-v1;
-seq-portable-v2/ on portable-fx53-v2 with MODEL_DIR tests/golden/seq-v1/model.)
+seq-portable-v2/ on portable-fx53-v2 and seq-portable-v3/ on portable-fx53-v3 (seqkv 0.5), both
+with MODEL_DIR tests/golden/seq-v1/model.)
 """
 
 from __future__ import annotations

@@ -77,10 +77,10 @@ def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
 PORTABLE_GOLDEN = SEQ_GOLDEN.parent / "seq-portable-v1"
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("name", sorted(SEQ_FILES))
 def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name, version):
-    """Files of portable-fx53-v1 and -v2 (same tiny model as seq-v1): no definition drifts."""
+    """Files of portable-fx53-v1, -v2 and -v3 (same tiny model as seq-v1): no definition drifts."""
     from seqkv_cli.skv.compress import same_capture
 
     golden = SEQ_GOLDEN.parent / f"seq-portable-{version}"
@@ -94,24 +94,34 @@ def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name, ve
         assert same_capture(cap, original)
 
 
-COMPACT_GOLDEN = SEQ_GOLDEN.parent / "compact-v1"
-COMPACT_FILES = json.loads((COMPACT_GOLDEN / "expected.json").read_text())
+# (folder, the seq-portable golden its session comes from, format minor)
+COMPACT_GOLDENS = [("compact-v1", "seq-portable-v1", 2), ("compact-v3", "seq-portable-v3", 5)]
+COMPACT_CASES = [
+    (folder, source, minor, codec)
+    for folder, source, minor in COMPACT_GOLDENS
+    for codec in ("seq", "seq-fast")
+]
 
 
-@pytest.mark.parametrize("codec", sorted(COMPACT_FILES))
-def test_compact_golden_restores_its_capture_and_is_written_the_same_today(codec, tmp_path):
-    """Format 1.2 compact files: they decode forever, and today's writer gives the same bytes."""
+@pytest.mark.parametrize(("folder", "source", "minor", "codec"), COMPACT_CASES)
+def test_compact_golden_restores_its_capture_and_is_written_the_same_today(
+    folder, source, minor, codec, tmp_path
+):
+    """Compact files (format 1.2 on v1, 1.5 on v3): they decode forever, and today's writer
+    gives the same bytes."""
     import hashlib
 
     from seqkv_cli.skv.compress import compress_captures, same_capture
 
-    golden = COMPACT_GOLDEN / f"{codec}.skv"
-    assert hashlib.sha256(golden.read_bytes()).hexdigest() == COMPACT_FILES[codec]["sha256"]
+    golden_dir = SEQ_GOLDEN.parent / folder
+    expected = json.loads((golden_dir / "expected.json").read_text())
+    golden = golden_dir / f"{codec}.skv"
+    assert hashlib.sha256(golden.read_bytes()).hexdigest() == expected[codec]["sha256"]
     with Archive(golden, model=str(SEQ_GOLDEN / "model")) as arc:
-        assert arc.reader.version == (1, 2) and arc.codec.codec_id == codec
+        assert arc.reader.version == (1, minor) and arc.codec.codec_id == codec
         [entry] = arc.sessions
         restored = arc.restore(entry)
-    capture = PORTABLE_GOLDEN / "captures" / "a.safetensors"
+    capture = SEQ_GOLDEN.parent / source / "captures" / "a.safetensors"
     assert entry["id"] == "a" and same_capture(restored, load_capture(capture))
     again = tmp_path / "again.skv"
     compress_captures([capture], again, codec=codec, model=str(SEQ_GOLDEN / "model"))

@@ -204,8 +204,8 @@ def kernel_product(
     k = x.shape[-1]
     rows = x.reshape(-1, k)
     if form != PEAK2:
-        xq, ex = quantize_left(rows, bits, form)
-        out = kernels.scale_product(kernels.int_products(xq, *w), ex, ew)
+        x32 = rows if rows.dtype in (torch.float32, torch.float64) else f64(rows)
+        out = kernels.step_product(x32, bits, form == L1, *w, ew)
     else:
         both, ex = kernels.split_stacked(f64(rows)[None], bits)
         out = kernels.combine(kernels.int_products(both[0], *w)[None], ex, ew, bits)

@@ -22,10 +22,11 @@ exact_flags = {"cache": True, "nogil": True}
 sum_flags = {**exact_flags, "fastmath": {"reassoc"}}
 
 
-def products(x, hi, lo, out):  # x (M, K) f64 integers (M even), W = hi·256 + lo (N, K)
+def products(x, hi, lo, out):  # x (M, K) f64 integers, W = hi·256 + lo (N, K)
     m_rows, k_len = x.shape
+    pairs = m_rows - m_rows % 2
     for n in prange(hi.shape[0]):
-        for m in range(0, m_rows, 2):  # two rows per pass: the weight row stays in L1
+        for m in range(0, pairs, 2):  # two rows per pass: the weight row stays in L1
             a0 = 0.0
             a1 = 0.0
             for k in range(k_len):
@@ -34,6 +35,30 @@ def products(x, hi, lo, out):  # x (M, K) f64 integers (M even), W = hi·256 + l
                 a1 += x[m + 1, k] * wk
             out[m, n] = a0
             out[m + 1, n] = a1
+        if pairs < m_rows:  # an odd last row (a v3 step is one)
+            a0 = 0.0
+            for k in range(k_len):
+                a0 += x[pairs, k] * (hi[n, k] * 256.0 + lo[n, k])
+            out[pairs, n] = a0
+
+
+@njit(**sum_flags)
+def int_dot(x, hi, lo):  # x · W over one weight row: integer terms, exact in any order
+    acc = 0.0
+    for k in range(x.shape[0]):
+        acc += x[k] * (hi[k] * 256.0 + lo[k])
+    return acc
+
+
+@njit(**sum_flags)
+def int_dot2(x0, x1, hi, lo):  # two rows against one weight row (read once)
+    a0 = 0.0
+    a1 = 0.0
+    for k in range(x0.shape[0]):
+        wk = hi[k] * 256.0 + lo[k]
+        a0 += x0[k] * wk
+        a1 += x1[k] * wk
+    return a0, a1
 
 
 # 2**e for every normal exponent: a table lookup vectorises where a libm call would not.
@@ -163,6 +188,30 @@ def combine(s, erow, ecol, bits, out):  # scale(s1, e) + scale(s2, e - bits), e 
         hi, lo = pow2(erow[h, r]), pow2(erow[h, r] - bits)
         for n in range(n_cols):
             out[h, r, n] = s[h, r, n] * (hi * col[n]) + s[h, rows + r, n] * (lo * col[n])
+
+
+def step_products(x, right, l1, hi, lo, ew, out):
+    """exact.kernel_product for one-integer forms in one call: each row of x (M, K; fp32 or
+    fp64, M small) quantized as exact.quantize_l1 (l1) or quantize_rows, its integer sums
+    with W = hi·256 + lo (N, K), scaled by 2**(ex + ew) as exact.fixed_matmul."""
+    m_rows, k_len = x.shape
+    xq = np.empty((m_rows, k_len))
+    back = np.empty(m_rows)
+    for m in range(m_rows):
+        e = l1_exponent(x[m], right) if l1 else row_exponent(x[m], right)
+        down = pow2(-e)
+        for k in range(k_len):
+            xq[m, k] = np.rint(x[m, k] * down)
+        back[m] = pow2(e)
+    pairs = m_rows - m_rows % 2
+    for n in prange(hi.shape[0]):
+        col = pow2(ew[n])  # 2**(ex + ew) = 2**ex · 2**ew exactly, as combine
+        for m in range(0, pairs, 2):
+            a0, a1 = int_dot2(xq[m], xq[m + 1], hi[n], lo[n])
+            out[m, n] = a0 * (back[m] * col)
+            out[m + 1, n] = a1 * (back[m + 1] * col)
+        if pairs < m_rows:
+            out[pairs, n] = int_dot(xq[pairs], hi[n], lo[n]) * (back[pairs] * col)
 
 
 def scale_product(s, erow, ecol, out):  # exact.fixed_matmul's scaling: s (M, N) · 2**(erow+ecol)
@@ -340,6 +389,7 @@ KERNELS = {
     "split": _both(split, exact_flags),
     "combine": _both(combine, exact_flags),
     "scale_product": _both(scale_product, exact_flags),
+    "step_products": _both(step_products, exact_flags),
     "softmax_weights": _both(softmax_weights, exact_flags),
     "attend_rows": _both(attend_rows, exact_flags),
 }

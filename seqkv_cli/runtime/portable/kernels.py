@@ -118,13 +118,23 @@ def split_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int_products(x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` for integer-valued fp64 x (M, K) and ``W = hi · 256 + lo`` (N, K)
     (`split_weights`): exact, fp64 (M, N)."""
-    m = x.shape[0]
     xs = _np(x)
-    if m % 2:  # the kernel takes rows in pairs: a zero row, dropped after
-        xs = np.concatenate([xs, np.zeros((1, xs.shape[1]))])
     out = np.empty((xs.shape[0], hi.shape[0]), dtype=np.float64)
     _variant("products", out.size * xs.shape[1])(xs, _np(hi), _np(lo), out)
-    return torch.from_numpy(out[:m])
+    return torch.from_numpy(out)
+
+
+def step_product(
+    x: torch.Tensor, right: int, l1: bool, hi: torch.Tensor, lo: torch.Tensor, ew: torch.Tensor
+) -> torch.Tensor:
+    """`exact.kernel_product` of a one-integer form in one native call: x (M, K) quantized
+    against the weights ``W = hi · 256 + lo`` (N, K) of ``right`` bits, scaled by their row
+    exponents ew (N, 1): fp64 (M, N), the same bits."""
+    xs = _np(x)
+    out = np.empty((xs.shape[0], hi.shape[0]), dtype=np.float64)
+    work = out.size * xs.shape[1]
+    _variant("step_products", work)(xs, right, l1, _np(hi), _np(lo), _np(ew).reshape(-1), out)
+    return torch.from_numpy(out)
 
 
 def exp(a: torch.Tensor, constants: tuple) -> torch.Tensor:
