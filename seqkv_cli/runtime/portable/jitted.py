@@ -297,25 +297,35 @@ def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, 
     for t in prange(heads * rows):
         h = t // rows
         r = t - h * rows
-        buf = w[h, r]  # scores, then weights, then their first limb: in the output row
+        # A private row (no aliasing with s or w for LLVM to fear), and each form's loops
+        # apart, so that every pass vectorises; w is written once at the end.
+        buf = np.empty(n)
         # 2**(ex + ek) = 2**ex · 2**ek exactly (normal: quantize_rows' clamp), as combine
         hi, lo, qp = pow2(ex[h, r]), pow2(ex[h, r] - kb), qpos[r]
-        for j in range(n):  # loops without a carried sum, so that they vectorise
-            sc = s[h, r, j] * (hi * kscale[h, j])
-            if two:
-                sc = sc + s[h, rows + r, j] * (lo * kscale[h, j])
-            sc = sc * scaling
+        if two:
+            for j in range(n):
+                buf[j] = s[h, r, j] * (hi * kscale[h, j]) + s[h, rows + r, j] * (lo * kscale[h, j])
+        else:
+            for j in range(n):
+                buf[j] = s[h, r, j] * (hi * kscale[h, j])
+        for j in range(n):
+            sc = buf[j] * scaling
             hidden = j > qp or (wnd >= 0 and qp - j >= wnd)
             buf[j] = -math.inf if hidden else sc
         total[h, r] = value_weights(buf, vscale[h], pb, coef, c1, c2, c3, c4, c5)
         e = l1_exponent(buf, vb) if l1 else row_exponent(buf, vb)
         ew[h, r] = e
         down, back, rest = pow2(-e), pow2(e), pow2(vb - e)
-        for j in range(n):
-            q = np.rint(buf[j] * down)
-            if two:
-                w[h, rows + r, j] = np.rint((buf[j] - q * back) * rest)
-            buf[j] = q
+        out = w[h, r]
+        if two:
+            low = w[h, rows + r]
+            for j in range(n):
+                q = np.rint(buf[j] * down)
+                low[j] = np.rint((buf[j] - q * back) * rest)
+                out[j] = q
+        else:
+            for j in range(n):
+                out[j] = np.rint(buf[j] * down)
 
 
 @njit(inline="always", **sum_flags)

@@ -198,10 +198,13 @@ def combine(s: torch.Tensor, erow: torch.Tensor, ecol: torch.Tensor, bits: int) 
 
 def scale_product(s: torch.Tensor, erow: torch.Tensor, ecol: torch.Tensor) -> torch.Tensor:
     """``exact.scale(s, erow + ecolᵀ)`` for a product's integer sums s (M, N), erow (M, 1)
-    and ecol (N, 1), in one pass (same bits): fp64 (M, N)."""
-    out = np.empty(tuple(s.shape))
-    _variant("scale_product", out.size)(_np(s), _np(erow).reshape(-1), _np(ecol).reshape(-1), out)
-    return torch.from_numpy(out)
+    and ecol (N, 1), in one pass (same bits), **in place**: s is the caller's own product
+    (a fresh output the size of a prefill's logits costs page faults; rewriting it does not)."""
+    if not s.is_contiguous():
+        s = s.contiguous()
+    out = _np(s)
+    _variant("scale_product", out.size)(out, _np(erow).reshape(-1), _np(ecol).reshape(-1), out)
+    return s
 
 
 def softmax_weights(
