@@ -34,22 +34,31 @@ def missing_modules() -> list[str]:
     return [m for m in NEEDS if importlib.util.find_spec(m) is None]
 
 
-def build_model(folder: Path, shape: dict, seed: int = 0) -> Path:
-    """Random weights of `shape` and a byte-level tokenizer (tests/conftest.py's builder)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import build_tiny_model
+def shape_config(shape: dict) -> dict:
+    """transformers config overrides for a model of `shape` (bench/gpu_tokens.py's keys)."""
+    return {
+        "vocab_size": shape["vocab"],
+        "hidden_size": shape["hidden"],
+        "intermediate_size": shape["mlp"],
+        "num_hidden_layers": shape["layers"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv_heads"],
+        "max_position_embeddings": shape.get("context", 2048),
+    }
 
-    return build_tiny_model(
-        folder,
-        seed=seed,
-        vocab_size=shape["vocab"],  # above the tokenizer's 258 ids: the model's shape counts
-        hidden_size=shape["hidden"],
-        intermediate_size=shape["mlp"],
-        num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv_heads"],
-        max_position_embeddings=shape.get("context", 2048),
-    )
+
+def tests_conftest():
+    """tests/conftest.py, whose model builders the GPU check reuses."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import conftest
+
+    return conftest
+
+
+def build_model(folder: Path, shape: dict, seed: int = 0) -> Path:
+    """Random weights of `shape` and a byte-level tokenizer (tests/conftest.py's builder);
+    the vocabulary is above the tokenizer's 258 ids: the model's shape counts."""
+    return tests_conftest().build_tiny_model(folder, seed=seed, **shape_config(shape))
 
 
 def write_sessions(folder: Path, count: int, chars: int) -> list[Path]:

@@ -22,26 +22,12 @@ def _sync(device: torch.device) -> None:
 
 
 def build_llama(shape: dict, seed: int = 0):
-    """A random transformers Llama of `shape` (bench/gpu_tokens.py's keys), fp32, eval mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A random transformers Llama of `shape` (bench/gpu_tokens.py's keys), fp32, eval mode:
+    tests/conftest.py's family builder, at the embedded model's shape."""
+    from bench.gpu_files import shape_config, tests_conftest
 
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=shape["vocab"],
-        hidden_size=shape["hidden"],
-        intermediate_size=shape["mlp"],
-        num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv_heads"],
-        max_position_embeddings=shape.get("context", 2048),
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # as tests/conftest.py: less flat logits than the init default
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    return model.float().eval()
+    config = {**shape_config(shape), "tie_word_embeddings": True}  # as the embedded model
+    return tests_conftest().tiny_family_model("llama", seed=seed, **config).float()
 
 
 def _run(lm, ids: torch.Tensor, prefill: int) -> dict:

@@ -119,9 +119,9 @@ def quantize_l1(x: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor
     ``U < 2**L`` leaves one bit for the rounding of K elements (K <= 2**(53 - right)).
     A zero or non-finite row takes E = L = 0.
     """
+    if kernels.usable(x) and x.dtype in (torch.float32, torch.float64):
+        return kernels.quantize_rows(x, right, l1=True)
     a = f64(x)
-    if kernels.usable(a):
-        return kernels.quantize_l1(a, right)
     peak = a.abs().amax(dim=-1, keepdim=True)
     _, exponent = torch.frexp(peak)  # 0 for a zero, infinite or NaN peak
     e_peak = exponent.to(torch.int64).clamp(-450, 450)

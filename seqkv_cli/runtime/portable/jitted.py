@@ -143,18 +143,10 @@ def l1_exponent(row, right):  # exact.quantize_l1's e for one row
     return e_peak + length - L1_UNIT - (52 - right)
 
 
-def quantize_l1(a, right, xq, ex):  # exact.quantize_l1 of a (M, K) -> xq (M, K), ex (M,)
+def quantize(a, bits, l1, xq, ex):  # a (M, K) -> xq (M, K), ex (M,)
+    """exact.quantize_l1 (l1: ``bits`` are the right operand's) or exact.quantize_rows."""
     for m in prange(a.shape[0]):
-        e = l1_exponent(a[m], right)
-        ex[m] = e
-        s = pow2(-e)
-        for k in range(a.shape[1]):
-            xq[m, k] = np.rint(a[m, k] * s)
-
-
-def quantize(a, bits, xq, ex):  # a (M, K) -> xq (M, K), ex (M,)
-    for m in prange(a.shape[0]):
-        e = row_exponent(a[m], bits)
+        e = l1_exponent(a[m], bits) if l1 else row_exponent(a[m], bits)
         ex[m] = e
         s = pow2(-e)
         for k in range(a.shape[1]):
@@ -395,7 +387,6 @@ KERNELS = {
     "products": _both(products, sum_flags),
     "exp": _both(exp, exact_flags),
     "quantize": _both(quantize, exact_flags),
-    "quantize_l1": _both(quantize_l1, exact_flags),
     "split": _both(split, exact_flags),
     "combine": _both(combine, exact_flags),
     "scale_product": _both(scale_product, exact_flags),

@@ -150,20 +150,15 @@ def _rows(a: torch.Tensor) -> np.ndarray:
     return _np(a).reshape(-1, a.shape[-1])
 
 
-def quantize_rows(a: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact.quantize_rows` of an fp64 or fp32 CPU tensor (same bits: every fp32 value is
-    exact in fp64, and the kernel's arithmetic is fp64): fp64 integers."""
+def quantize_rows(
+    a: torch.Tensor, bits: int, l1: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exact.quantize_rows` (or, with `l1`, `exact.quantize_l1` against a right operand of
+    ``bits``) of an fp64 or fp32 CPU tensor (same bits: every fp32 value is exact in fp64,
+    and the kernel's arithmetic is fp64): fp64 integers."""
     rows = _rows(a)
     xq, ex = np.empty(rows.shape), np.empty(rows.shape[0], dtype=np.int64)
-    _variant("quantize", rows.size)(rows, bits, xq, ex)
-    return torch.from_numpy(xq).view(a.shape), torch.from_numpy(ex).view(*a.shape[:-1], 1)
-
-
-def quantize_l1(a: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact.quantize_l1` of an fp64 CPU tensor (same bits)."""
-    rows = _rows(a)
-    xq, ex = np.empty_like(rows), np.empty(rows.shape[0], dtype=np.int64)
-    _variant("quantize_l1", rows.size)(rows, right, xq, ex)
+    _variant("quantize", rows.size)(rows, bits, l1, xq, ex)
     return torch.from_numpy(xq).view(a.shape), torch.from_numpy(ex).view(*a.shape[:-1], 1)
 
 
