@@ -98,6 +98,7 @@ def portable_forward(
     same = lambda x, y: bool(torch.equal(x.view(torch.int32), y.view(torch.int32)))  # noqa: E731
     return {
         "device": device,
+        "numeric_path": cpu.numeric_path,
         "shape": shape,
         "prefill_tokens": prefill,
         "steps": steps,
@@ -118,7 +119,7 @@ def markdown(r: dict) -> list[str]:
     ok = "yes" if r["logits_bit_identical"] and r["kv_bit_identical"] else "**NO**"
     lines = [
         "",
-        f"Portable forward (`portable-fx53-v2`) on the CPU and on {dev}, random weights of shape "
+        f"Portable forward (`{r['numeric_path']}`) on the CPU and on {dev}, random weights, shape "
         f"{r['shape']}: {r['prefill_tokens']}-token prefill then {r['steps']} steps; logits and "
         f"K/V bit-identical: {ok} (fused decoder on the device: {r['fused_decoder_on_device']}).",
         "",
