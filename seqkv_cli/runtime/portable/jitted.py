@@ -22,36 +22,16 @@ exact_flags = {"cache": True, "nogil": True}
 sum_flags = {**exact_flags, "fastmath": {"reassoc"}}
 
 
-def products(x, hi, lo, out):  # x (M, K) f64 integers, W = hi·256 + lo (N, K)
-    m_rows, k_len = x.shape
-    pairs = m_rows - m_rows % 2
-    for n in prange(hi.shape[0]):
-        for m in range(0, pairs, 2):  # two rows per pass: the weight row stays in L1
-            a0 = 0.0
-            a1 = 0.0
-            for k in range(k_len):
-                wk = hi[n, k] * 256.0 + lo[n, k]  # exact: |W| <= 2**23
-                a0 += x[m, k] * wk
-                a1 += x[m + 1, k] * wk
-            out[m, n] = a0
-            out[m + 1, n] = a1
-        if pairs < m_rows:  # an odd last row (a v3 step is one)
-            a0 = 0.0
-            for k in range(k_len):
-                a0 += x[pairs, k] * (hi[n, k] * 256.0 + lo[n, k])
-            out[pairs, n] = a0
-
-
 @njit(**sum_flags)
 def int_dot(x, hi, lo):  # x · W over one weight row: integer terms, exact in any order
     acc = 0.0
     for k in range(x.shape[0]):
-        acc += x[k] * (hi[k] * 256.0 + lo[k])
+        acc += x[k] * (hi[k] * 256.0 + lo[k])  # W exact: |W| <= 2**23
     return acc
 
 
 @njit(**sum_flags)
-def int_dot2(x0, x1, hi, lo):  # two rows against one weight row (read once)
+def int_dot2(x0, x1, hi, lo):  # two rows against one weight row (read once, kept in L1)
     a0 = 0.0
     a1 = 0.0
     for k in range(x0.shape[0]):
@@ -59,6 +39,26 @@ def int_dot2(x0, x1, hi, lo):  # two rows against one weight row (read once)
         a0 += x0[k] * wk
         a1 += x1[k] * wk
     return a0, a1
+
+
+@njit(inline="always", **exact_flags)
+def row_products(x, hi, lo, n, out, scale, col):
+    """Every row of x (M, K) against weight row n, two at a time: out[m, n] = the integer
+    sum · (scale[m] · col), powers of two (exact: 1.0 leaves the sum as it is)."""
+    m_rows = x.shape[0]
+    pairs = m_rows - m_rows % 2
+    for m in range(0, pairs, 2):
+        a0, a1 = int_dot2(x[m], x[m + 1], hi[n], lo[n])
+        out[m, n] = a0 * (scale[m] * col)
+        out[m + 1, n] = a1 * (scale[m + 1] * col)
+    if pairs < m_rows:  # an odd last row (a v3 step is one)
+        out[pairs, n] = int_dot(x[pairs], hi[n], lo[n]) * (scale[pairs] * col)
+
+
+def products(x, hi, lo, out):  # x (M, K) f64 integers, W = hi·256 + lo (N, K): the sums
+    ones = np.ones(x.shape[0])
+    for n in prange(hi.shape[0]):
+        row_products(x, hi, lo, n, out, ones, 1.0)
 
 
 # 2**e for every normal exponent: a table lookup vectorises where a libm call would not.
@@ -71,13 +71,20 @@ def pow2(e):  # 2**e for integer e in [-1022, 1023]: exact, as exact.pow2
 
 
 @njit(inline="always", **exact_flags)
-def exp1(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):  # exact.exp of one value, step for step
+def exp_parts(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):
+    """exact.exp's reduction of one value: (k, the polynomial of r) with e**x0 = poly · 2**k."""
     x = lo if x0 < lo else (hi if x0 > hi else x0)  # torch.clamp; NaN stays NaN
     k = np.rint(x * log2e)
     r = (x - k * ln2_hi) - k * ln2_lo
     acc = coef[0]  # coef: Horner order, highest first
     for j in range(1, EXP_TERMS):  # a constant count: unrolled, so the caller vectorises
         acc = acc * r + coef[j]
+    return k, acc
+
+
+@njit(inline="always", **exact_flags)
+def exp1(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):  # exact.exp of one value, step for step
+    k, acc = exp_parts(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi)
     ki = np.int64(k) if k == k else 0  # NaN: any in-range index, the result is NaN anyway
     half = ki >> 1  # floor division by 2, as exact.exp
     y = (acc * pow2(half)) * pow2(ki - half)
@@ -114,11 +121,16 @@ def abs_peak(row):  # max |x| of a row; NaN if it holds one (as torch's amax)
 
 
 @njit(**exact_flags)
-def row_exponent(row, bits):  # exact.quantize_rows' e for one row
+def peak_exponent(row):  # exact.quantize_rows' clamped exponent of a row's peak
     peak = abs_peak(row)
     # frexp(0) = (0, 0); a non-finite peak: glibc's frexp gives exponent 0 as well
     e = 0 if peak == 0.0 or not np.isfinite(peak) else math.frexp(peak)[1]
-    return min(max(e, -450), 450) - bits
+    return min(max(e, -450), 450)
+
+
+@njit(**exact_flags)
+def row_exponent(row, bits):  # exact.quantize_rows' e for one row
+    return peak_exponent(row) - bits
 
 
 L1_UNIT = 30  # exact.L1_UNIT
@@ -135,22 +147,25 @@ def l1_units(row, e_peak):  # exact.quantize_l1's U: integer-valued terms, exact
 
 @njit(**exact_flags)
 def l1_exponent(row, right):  # exact.quantize_l1's e for one row
-    peak = abs_peak(row)
-    e_peak = 0 if peak == 0.0 or not np.isfinite(peak) else math.frexp(peak)[1]
-    e_peak = min(max(e_peak, -450), 450)
+    e_peak = peak_exponent(row)
     units = l1_units(row, e_peak)
     length = 0 if units == 0.0 or not np.isfinite(units) else math.frexp(units)[1]
     return e_peak + length - L1_UNIT - (52 - right)
 
 
+@njit(inline="always", **exact_flags)
+def quantize_row(row, bits, l1, out):  # one row of `quantize` into out; returns its exponent
+    e = l1_exponent(row, bits) if l1 else row_exponent(row, bits)
+    down = pow2(-e)
+    for k in range(row.shape[0]):
+        out[k] = np.rint(row[k] * down)
+    return e
+
+
 def quantize(a, bits, l1, xq, ex):  # a (M, K) -> xq (M, K), ex (M,)
     """exact.quantize_l1 (l1: ``bits`` are the right operand's) or exact.quantize_rows."""
     for m in prange(a.shape[0]):
-        e = l1_exponent(a[m], bits) if l1 else row_exponent(a[m], bits)
-        ex[m] = e
-        s = pow2(-e)
-        for k in range(a.shape[1]):
-            xq[m, k] = np.rint(a[m, k] * s)
+        ex[m] = quantize_row(a[m], bits, l1, xq[m])
 
 
 def split(a, bits, out, ex):  # exact.split_rows of a (H, R, K): out (H, 2R, K), ex (H, R)
@@ -190,20 +205,10 @@ def step_products(x, right, l1, hi, lo, ew, out):
     xq = np.empty((m_rows, k_len))
     back = np.empty(m_rows)
     for m in range(m_rows):
-        e = l1_exponent(x[m], right) if l1 else row_exponent(x[m], right)
-        down = pow2(-e)
-        for k in range(k_len):
-            xq[m, k] = np.rint(x[m, k] * down)
-        back[m] = pow2(e)
-    pairs = m_rows - m_rows % 2
+        back[m] = pow2(quantize_row(x[m], right, l1, xq[m]))
     for n in prange(hi.shape[0]):
-        col = pow2(ew[n])  # 2**(ex + ew) = 2**ex · 2**ew exactly, as combine
-        for m in range(0, pairs, 2):
-            a0, a1 = int_dot2(xq[m], xq[m + 1], hi[n], lo[n])
-            out[m, n] = a0 * (back[m] * col)
-            out[m + 1, n] = a1 * (back[m + 1] * col)
-        if pairs < m_rows:
-            out[pairs, n] = int_dot(xq[pairs], hi[n], lo[n]) * (back[pairs] * col)
+        # 2**(ex + ew) = 2**ex · 2**ew exactly, as combine
+        row_products(xq, hi, lo, n, out, back, pow2(ew[n]))
 
 
 def scale_product(s, erow, ecol, out):  # exact.fixed_matmul's scaling: s (M, N) · 2**(erow+ecol)
@@ -248,14 +253,7 @@ def value_weights(buf, vscale, pb, coef, c1, c2, c3, c4, c5):
     acc = np.empty(n)
     power = np.empty(n, dtype=np.int64)
     for j in range(n):
-        x0 = buf[j] - peak
-        x = c4 if x0 < c4 else (c5 if x0 > c5 else x0)  # exp1's clamp; NaN stays NaN
-        k = np.rint(x * c1)
-        r = (x - k * c2) - k * c3
-        a = coef[0]
-        for i in range(1, EXP_TERMS):
-            a = a * r + coef[i]
-        acc[j] = a
+        k, acc[j] = exp_parts(buf[j] - peak, coef, c1, c2, c3, c4, c5)
         m = k + pb
         power[j] = (np.int64(m) + 1023) << 52 if m >= -1.0 else 0  # NaN: 0 as well
     scale = power.view(np.float64)  # 2**(k + pb), or 0.0
