@@ -46,6 +46,9 @@ from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
 COMPACT_MINOR = 2  # format 1.2 added this layout
 V2_MINOR = 3  # 1.3 added the portable-fx53-v2 codes: a 1.2 reader asks for an upgrade
 V3_MINOR = 5  # 1.5 added the portable-fx53-v3 codes: a 1.4 reader asks for an upgrade
+# The minor that introduced a numeric path's codes: a file takes the newest its codes need
+# (older readers read what they can), and a file of an older minor cannot hold them.
+_PATH_MINOR = {"portable-fx53-v2": V2_MINOR, "portable-fx53-v3": V3_MINOR}
 LAYOUT_COMPACT = 1  # byte 12: 0 would be the full layout's reserved (zero) word
 _FIXED = struct.Struct("<8sHHBB8sB")  # magic, major, minor, layout, pipeline, fingerprint, kinds
 FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
@@ -156,14 +159,7 @@ def encode_compact(session: CompactSession, payload: bytes) -> bytes:
         | NUMERICS.index(session.numerics) << 2
     )
     kinds = DTYPES.index(session.dtype) | CAPTURE_PATHS.index(session.numeric_path) << 4
-    # the oldest minor whose codes the file uses: older readers read what they can
-    paths = {session.numerics, session.numeric_path}
-    if "portable-fx53-v3" in paths:
-        minor = V3_MINOR
-    elif "portable-fx53-v2" in paths:
-        minor = V2_MINOR
-    else:
-        minor = COMPACT_MINOR
+    minor = max(_minor_of(session.numerics), _minor_of(session.numeric_path))
     head = bytearray(
         _FIXED.pack(
             MAGIC,
@@ -375,8 +371,8 @@ class CompactReader(OpenFile):
         self.read_section(TOKENS_SECTION)
 
 
-# The minor that introduced a numeric path's codes: a file of an older minor cannot hold them.
-_PATH_MINOR = {"portable-fx53-v2": V2_MINOR, "portable-fx53-v3": V3_MINOR}
+def _minor_of(path: str) -> int:
+    return _PATH_MINOR.get(path, COMPACT_MINOR)
 
 
 def _bad_codes(pipeline: int, kinds: int, minor: int) -> str | None:
@@ -387,7 +383,7 @@ def _bad_codes(pipeline: int, kinds: int, minor: int) -> str | None:
     if kinds >> 4 >= len(CAPTURE_PATHS):
         return f"unknown capture numeric path code {kinds >> 4}"
     for path in (NUMERICS[pipeline >> 2 & 3], CAPTURE_PATHS[kinds >> 4]):
-        since = _PATH_MINOR.get(path, COMPACT_MINOR)
+        since = _minor_of(path)
         if minor < since:
             return f"numeric path {path} in a format 1.{minor} file (its codes came in 1.{since})"
     return None

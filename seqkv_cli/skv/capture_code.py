@@ -36,8 +36,8 @@ def capture_and_code(
     path = canonical_model(lm).numeric_path
 
     def meta(doc, ids) -> dict:  # what capture_one writes (session_id comes with the source)
-        return {**provenance(lm, dtype=dtype, numeric_path=path, positions=len(ids)),
-                "source": doc.source}  # fmt: skip
+        made = provenance(lm, dtype=dtype, numeric_path=path, positions=len(ids))
+        return {**made, "source": doc.source}
 
     sources = [
         Source.tokens_only(doc.id, ids, meta(doc, ids))

@@ -84,6 +84,12 @@ def f64(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.to(torch.float64)
 
 
+def kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the quantizing kernels read it: fp32 or fp64 as it is (every fp32 value is exact
+    in their fp64 arithmetic, so no copy of a weight is made), anything else as fp64."""
+    return x if x.dtype in (torch.float32, torch.float64) else f64(x)
+
+
 def pow2(e: torch.Tensor) -> torch.Tensor:
     """2**e as fp64 for integer ``e`` in [-1022, 1023], built from its bits (exact)."""
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
@@ -99,8 +105,8 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
 
     The scale depends on that row alone, so a row quantizes the same in any batch.
     """
-    if kernels.usable(x) and x.dtype in (torch.float32, torch.float64):
-        return kernels.quantize_rows(x, bits)  # fp32 read as it is: no fp64 copy of a weight
+    if kernels.usable(x):
+        return kernels.quantize_rows(kernel_input(x), bits)
     a = f64(x)
     _, exponent = torch.frexp(a.abs().amax(dim=-1, keepdim=True))
     # Clamped so that any two scales multiply to a normal power of two (|e1 + e2| < 1022);
@@ -119,8 +125,8 @@ def quantize_l1(x: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor
     ``U < 2**L`` leaves one bit for the rounding of K elements (K <= 2**(53 - right)).
     A zero or non-finite row takes E = L = 0.
     """
-    if kernels.usable(x) and x.dtype in (torch.float32, torch.float64):
-        return kernels.quantize_rows(x, right, l1=True)
+    if kernels.usable(x):
+        return kernels.quantize_rows(kernel_input(x), right, l1=True)
     a = f64(x)
     peak = a.abs().amax(dim=-1, keepdim=True)
     _, exponent = torch.frexp(peak)  # 0 for a zero, infinite or NaN peak
@@ -204,8 +210,7 @@ def kernel_product(
     k = x.shape[-1]
     rows = x.reshape(-1, k)
     if form != PEAK2:
-        x32 = rows if rows.dtype in (torch.float32, torch.float64) else f64(rows)
-        out = kernels.step_product(x32, bits, form == L1, *w, ew)
+        out = kernels.step_product(kernel_input(rows), bits, form == L1, *w, ew)
     else:
         both, ex = kernels.split_stacked(f64(rows)[None], bits)
         out = kernels.combine(kernels.int_products(both[0], *w)[None], ex, ew, bits)
