@@ -12,7 +12,6 @@ import hashlib
 import os
 import secrets
 import socket
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -49,6 +48,15 @@ def remove_created_dirs(created: list[Path]) -> None:
             folder.rmdir()
 
 
+def check_output_file(path: Path, option: str = "-o") -> None:
+    """Refuse, before any work, an output file that cannot be written: a directory there
+    (seqkv never guesses a name inside it) or a folder that cannot be created or written."""
+    path = Path(path)
+    if path.is_dir():
+        raise SeqkvError(f"{option} {path} is a directory; give a file name")
+    ensure_writable_dir(path.parent if str(path.parent) else Path("."))
+
+
 def same_file(a: Path, b: Path) -> bool:
     """True when `a` and `b` name one file (symlinks, `..` and hard links resolved)."""
     try:
@@ -79,22 +87,85 @@ def file_mode() -> int:
     return 0o666 & ~mask
 
 
+class PublishError(SeqkvError):
+    """The OS refused to put a finished file in place: `reason` says why, in a short phrase."""
+
+    def __init__(self, target: Path, reason: str) -> None:
+        super().__init__(f"cannot write {target}: {reason}")
+        self.target, self.reason = Path(target), reason
+
+
+def staging_name(target: Path, suffix: str = ".tmp") -> Path:
+    """`.{name}.{run_tag}{suffix}` beside `target`: unique to this run, and a later run can
+    tell it from a live writer's (`clean_stale_temporaries`)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.{run_tag()}{suffix}")
+
+
+def publish(staged: Path, target: Path, *, exclusive: bool = False) -> bool:
+    """The one way seqkv puts a finished file under its real name.
+
+    In order: fsync the staged file's data (a rename that reaches the disk before the data
+    would publish an empty file after a power cut), give it the mode the umask asks for,
+    rename it over `target` (or, `exclusive`, hard-link it only where `target` does not exist
+    yet: False when another writer got there first), fsync the directory. The staged file is
+    gone afterwards, whatever happened. Any OS failure is one `PublishError` line.
+    """
+    staged, target = Path(staged), Path(target)
+    try:
+        if target.is_dir():
+            raise PublishError(target, "it is a directory; give a file name")
+        fd = os.open(staged, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(staged, file_mode())
+        if exclusive:
+            try:
+                os.link(staged, target)
+            except FileExistsError:
+                return False
+            except OSError:  # no hard links here: exclusive up to the instant between the two
+                if target.exists():
+                    return False
+                os.replace(staged, target)
+        else:
+            os.replace(staged, target)
+    except OSError as exc:
+        raise PublishError(target, describe_os_error(exc)) from None
+    finally:
+        discard_quietly(staged)
+    fsync_dir(target.absolute().parent)
+    return True
+
+
 @contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary sibling of `path` to write to; renamed over `path` when the block succeeds,
-    deleted when it fails (the real name never holds a half-written file)."""
+def atomic_path(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A staging name beside `path` to write to, published over `path` (`publish`) when the
+    block succeeds and deleted when it fails: the real name never holds a half-written file.
+    Leftovers of writers killed on this host are removed first."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp)
+    clean_stale_temporaries(path, (suffix,))
+    tmp = staging_name(path, suffix)
     try:
         yield tmp
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
+        publish(tmp, path)
+    finally:
         discard_quietly(tmp)
-        raise
-    fsync_dir(path.parent)
+
+
+def describe_os_error(error: OSError) -> str:
+    """Turn an OSError into a short phrase with the likely fix, for one-line messages."""
+    if isinstance(error, FileNotFoundError):
+        return "the directory does not exist; create it first"
+    if isinstance(error, NotADirectoryError):
+        return "a path component is not a directory"
+    if isinstance(error, PermissionError):
+        return "permission denied; choose a writable location"
+    if isinstance(error, IsADirectoryError):
+        return "the path is a directory; give a file name"
+    return error.strerror or str(error)
 
 
 def discard_quietly(path: Path) -> None:

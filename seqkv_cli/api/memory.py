@@ -352,24 +352,13 @@ class MemoryArchive:
     def _create(self, sources) -> int | None:
         """A new archive holding `sources`, published only if `path` still does not exist
         (a hard link never replaces a file): its size, or None when another writer won."""
-        import os
-
-        from seqkv_cli.fsutil import discard_quietly, fsync_dir, run_tag
+        from seqkv_cli.fsutil import discard_quietly, publish, staging_name
         from seqkv_cli.skv.compress_trie import compress_sources
 
-        tmp = self.path.with_name(f".{self.path.name}.{run_tag()}.new.skv")
+        tmp = staging_name(self.path, ".new.skv")
         try:
             result = compress_sources(sources, tmp, self._coder, False, self._lm, None)
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
-                return None
-            except OSError:  # a file system without hard links: exclusive up to a tiny race
-                if self.path.exists():
-                    return None
-                os.replace(tmp, self.path)
-            fsync_dir(self.path.parent)
-            return result.file_bytes
+            return result.file_bytes if publish(tmp, self.path, exclusive=True) else None
         finally:
             discard_quietly(tmp)
 

@@ -9,7 +9,6 @@ of. docs/FORMAT.md, "Shard manifests", specifies it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,11 +116,11 @@ def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
 
 
 def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None = None) -> Path:
-    """Write `root/manifest.parquet` atomically (temporary file, fsync, rename)."""
+    """Write `root/manifest.parquet` atomically (`fsutil.publish`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from seqkv_cli.fsutil import discard_quietly, fsync_dir, run_tag
+    from seqkv_cli.fsutil import atomic_path
 
     ordered = sorted(rows, key=lambda r: (r["shard"], r["session_id"]))
     arrays = {
@@ -131,17 +130,11 @@ def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None
     meta = {"version": MANIFEST_VERSION, "model": model, **(extra or {})}
     table = pa.table(arrays).replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
     target = Path(root) / MANIFEST_NAME
-    tmp = target.with_name(f".{MANIFEST_NAME}.{run_tag()}.tmp")
     try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        with atomic_path(target) as tmp:
+            pq.write_table(table, tmp)
     except OSError as exc:
         raise SeqkvError(f"cannot write {target}: {exc.strerror}") from None
-    finally:
-        discard_quietly(tmp)
-    fsync_dir(Path(root))
     return target
 
 

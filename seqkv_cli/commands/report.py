@@ -83,8 +83,7 @@ def report_command(
     Exit status: 0 when every gate passes, 1 when a threshold is crossed (the failing
     sessions are named), 2 for bad input.
     """
-    from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
-    from seqkv_cli.report import outputs
+    from seqkv_cli.fsutil import check_output_file, ensure_writable_dir, refuse_output_in_inputs
     from seqkv_cli.report.collect import check_options
     from seqkv_cli.report.collect import report as build
     from seqkv_cli.report.gate import Thresholds, check, summary
@@ -98,7 +97,7 @@ def report_command(
     read = [f for p in inputs for f in (p.iterdir() if p.is_dir() else [p])]
     for option, path in files.items():
         if path is not None:
-            outputs.check_output_file(path, option)
+            check_output_file(path, option)
             refuse_output_in_inputs(path, read, option)
     if plots is not None:
         ensure_writable_dir(plots)

@@ -18,7 +18,6 @@ from seqkv_cli.container.errors import (
     ContainerWriteError,
     InvalidContainerInputError,
     UnsupportedVersionError,
-    describe_os_error,
 )
 from seqkv_cli.container.format import (
     FORMAT_MINOR,
@@ -31,6 +30,7 @@ from seqkv_cli.container.format import (
 from seqkv_cli.container.index import IndexRecord, Region
 from seqkv_cli.container.reader import ContainerReader
 from seqkv_cli.container.writer import Buffer, SectionSink, WriteResult, write_container
+from seqkv_cli.fsutil import describe_os_error
 
 # Appends are serialised with flock. Windows has no fcntl module: there, `archive add` and
 # `archive compact` refuse with one line (ContainerWriteError) rather than append unlocked,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from seqkv_cli.container.errors import (
@@ -28,7 +29,6 @@ from seqkv_cli.container.errors import (
     SectionNotFoundError,
     TruncatedContainerError,
     UnsupportedVersionError,
-    describe_os_error,
 )
 from seqkv_cli.container.format import (
     FORMAT_MAJOR,
@@ -41,7 +41,7 @@ from seqkv_cli.container.format import (
 )
 from seqkv_cli.container.index import SectionEntry
 from seqkv_cli.container.openfile import OpenFile
-from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
+from seqkv_cli.fsutil import PublishError, atomic_path, describe_os_error
 
 COMPACT_MINOR = 2  # format 1.2 added this layout
 V2_MINOR = 3  # 1.3 added the portable-fx53-v2 codes: a 1.2 reader asks for an upgrade
@@ -184,22 +184,11 @@ def write_compact(path: str | os.PathLike[str], session: CompactSession, payload
     """Write the file atomically (temporary sibling, fsync, rename, fsync the directory)."""
     path = os.fspath(path)
     data = encode_compact(session, payload)
-    directory, base = os.path.split(os.path.abspath(path))
-    clean_stale_temporaries(path, (".tmp",))
-    tmp = os.path.join(directory, f".{base}.{run_tag()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        fsync_dir(directory)
+        with atomic_path(Path(path)) as tmp, open(tmp, "xb") as file:
+            file.write(data)
+    except PublishError as error:
+        raise ContainerWriteError(path, f"cannot write: {error.reason}") from None
     except OSError as error:
         raise ContainerWriteError(path, f"cannot write: {describe_os_error(error)}") from None
     return len(data)

@@ -62,16 +62,3 @@ class InvalidContainerInputError(ContainerError, ValueError):
 
 class ContainerWriteError(ContainerError):
     """The operating system refused the write (missing directory, permissions, disk full)."""
-
-
-def describe_os_error(error: OSError) -> str:
-    """Turn an OSError into a short phrase with the likely fix, for one-line messages."""
-    if isinstance(error, FileNotFoundError):
-        return "the directory does not exist; create it first"
-    if isinstance(error, NotADirectoryError):
-        return "a path component is not a directory"
-    if isinstance(error, PermissionError):
-        return "permission denied; choose a writable location"
-    if isinstance(error, IsADirectoryError):
-        return "the path is a directory; give a file name"
-    return error.strerror or str(error)

@@ -11,6 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
@@ -18,7 +19,6 @@ from seqkv_cli.container.errors import (
     ContainerWriteError,
     HeaderTooLargeError,
     InvalidContainerInputError,
-    describe_os_error,
 )
 from seqkv_cli.container.format import (
     MAX_INDEX_BYTES,
@@ -29,7 +29,13 @@ from seqkv_cli.container.format import (
 )
 from seqkv_cli.container.index import IndexRecord, SectionEntry, encode_record
 from seqkv_cli.container.schema import SchemaViolation, check_header, check_section_name
-from seqkv_cli.fsutil import clean_stale_temporaries, fsync_dir, run_tag
+from seqkv_cli.fsutil import (
+    PublishError,
+    clean_stale_temporaries,
+    describe_os_error,
+    publish,
+    staging_name,
+)
 
 Buffer = bytes | bytearray | memoryview  # or any C-contiguous buffer, e.g. a numpy array
 
@@ -107,10 +113,8 @@ class ContainerWriter:
     def __init__(self, path: str | os.PathLike[str], tables: bool = True) -> None:
         self.path = os.fspath(path)
         self.tables = tables
-        directory, base = os.path.split(os.path.abspath(self.path))
-        self._directory = directory
         clean_stale_temporaries(self.path, (".tmp",))  # of writers killed mid-write
-        self._tmp = os.path.join(directory, f".{base}.{run_tag()}.tmp")
+        self._tmp = os.fspath(staging_name(Path(self.path)))
         try:
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as error:
@@ -140,11 +144,12 @@ class ContainerWriter:
             slot = Slot(0, 1, offset, len(raw), crc32c(raw))
             file.write(encode_superblock(slot, self.tables))
             file.flush()
-            os.fsync(file.fileno())
             file.close()
             self._file = None
-            os.replace(self._tmp, self.path)
-            fsync_dir(self._directory)
+            try:
+                publish(Path(self._tmp), Path(self.path))  # fsync, rename, fsync the directory
+            except PublishError as error:
+                raise ContainerWriteError(self.path, f"cannot write: {error.reason}") from None
         section_bytes = sum(entry.length for entry in self._sink.entries)
         return WriteResult(self.path, 1, offset + len(raw), section_bytes, len(raw))
 

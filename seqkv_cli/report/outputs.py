@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import discard_quietly, publish, staging_name
 from seqkv_cli.report.aggregate import by_codec
 from seqkv_cli.report.collect import Report
 from seqkv_cli.report.gate import Failure, Thresholds
@@ -18,15 +17,6 @@ from seqkv_cli.report.table import flag, num, residual_cell
 
 SCHEMA = "seqkv.report"
 SCHEMA_VERSION = 1
-
-
-def check_output_file(path: Path, option: str) -> None:
-    """Refuse, before any work, a target that cannot be written (its folder is created)."""
-    from seqkv_cli.fsutil import ensure_writable_dir
-
-    if path.is_dir():
-        raise SeqkvError(f"{option} {path} is a directory; give a file name")
-    ensure_writable_dir(path.parent if str(path.parent) else Path("."))
 
 
 class OutputSet:
@@ -40,12 +30,10 @@ class OutputSet:
         self._pending: list[tuple[Path, Path]] = []
 
     def write(self, path: Path, write: Callable[[Path], None]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        self._pending.append((Path(tmp), path))
+        tmp = staging_name(path)
+        self._pending.append((tmp, path))
         try:
-            write(Path(tmp))
-            os.chmod(tmp, 0o644)
+            write(tmp)
         except OSError as exc:
             raise SeqkvError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -55,9 +43,9 @@ class OutputSet:
     def __exit__(self, exc_type, *_) -> None:
         for tmp, path in self._pending:
             if exc_type is None:
-                os.replace(tmp, path)
+                publish(tmp, path)
             else:
-                tmp.unlink(missing_ok=True)
+                discard_quietly(tmp)
 
 
 def document(report: Report, limits: Thresholds, failures: list[Failure]) -> dict:

@@ -176,7 +176,7 @@ def make_sink(root: Path, tracker_name: str):
         def write(self, blocks, ctx):
             import ray
 
-            from seqkv_cli.fsutil import discard_quietly, fsync_dir, run_tag
+            from seqkv_cli.fsutil import atomic_path
 
             tracker = ray.get_actor(tracker_name)
             rows = []
@@ -184,17 +184,8 @@ def make_sink(root: Path, tracker_name: str):
                 for rec in _records(_columns(block)):
                     name, data = str(rec["shard"]), rec["data"]
                     if data is not None and len(data):
-                        target = self.root / name
-                        tmp = target.with_name(f".{name}.{run_tag()}.tmp")
-                        try:
-                            with open(tmp, "wb") as handle:
-                                handle.write(bytes(data))
-                                handle.flush()
-                                os.fsync(handle.fileno())
-                            os.replace(tmp, target)
-                        finally:
-                            discard_quietly(tmp)
-                        fsync_dir(self.root)
+                        with atomic_path(self.root / name) as tmp:
+                            tmp.write_bytes(bytes(data))
                     shard_rows = json.loads(rec["rows"])
                     rows.extend(shard_rows)
                     tracker.add.remote(

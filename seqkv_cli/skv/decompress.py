@@ -8,8 +8,6 @@ replaced) and the directories it created, so the output directory is as it was.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
@@ -76,34 +74,27 @@ def output_targets(out_dir: Path, session_ids: list[str], archive: Path) -> dict
 
 def _stage(restored, target: Path) -> Path:
     """Save `restored` under a temporary name of this run beside `target`."""
-    from seqkv_cli.fsutil import discard_quietly
+    from seqkv_cli.fsutil import discard_quietly, staging_name
     from seqkv_cli.kvcapture.capture_file import save_capture
 
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-    os.close(fd)
+    tmp = staging_name(target, ".partial")
     try:
-        save_capture(restored, Path(tmp))
+        save_capture(restored, tmp)
     except BaseException:
-        discard_quietly(Path(tmp))
+        discard_quietly(tmp)
         raise
-    return Path(tmp)
+    return tmp
 
 
 def _publish(staged: dict[str, Path], targets: dict[str, Path], entries, on_session):
     """Rename every staged file to its real name, in the order the sessions were asked."""
-    from seqkv_cli.fsutil import discard_quietly, fsync_dir
+    from seqkv_cli.fsutil import publish
 
     written = []
     for entry in entries:
         tmp, target = staged.pop(entry["id"]), targets[entry["id"]]
-        try:
-            os.replace(tmp, target)
-        except OSError as exc:
-            discard_quietly(tmp)
-            raise SeqkvError(f"cannot write {target}: {exc.strerror or exc}") from None
+        publish(tmp, target)
         written.append(target)
         if on_session:
             on_session(entry, target)
-    if written:
-        fsync_dir(written[0].parent)
     return written

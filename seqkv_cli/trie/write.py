@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import run_tag
+from seqkv_cli.fsutil import staging_name
 from seqkv_cli.trie.encode import SegmentBuild, encode_model_segment, refuse_empty
 from seqkv_cli.trie.plan import Trie, insertion_order
 from seqkv_cli.trie.sources import Source
@@ -131,23 +131,18 @@ def staging(out: Path) -> Path:
     """This run's staging file for `out` (the same path from write_new to publish/discard)."""
     key = (os.path.abspath(out), threading.get_ident())
     if key not in _STAGED:
-        _STAGED[key] = Path(out).with_name(f".{Path(out).name}.{run_tag()}{_SUFFIX}")
+        _STAGED[key] = staging_name(Path(out), _SUFFIX)
     return _STAGED[key]
 
 
 def publish(out: Path) -> None:
     """Rename this run's staging file over `out` and make the rename durable."""
-    from seqkv_cli.fsutil import discard_quietly, fsync_dir
+    from seqkv_cli.fsutil import publish as publish_file
 
     tmp = _STAGED.pop((os.path.abspath(out), threading.get_ident()), None)
     if tmp is None:
         raise SeqkvError(f"cannot write {out}: nothing was staged for it")
-    try:
-        os.replace(tmp, out)
-    except OSError as exc:
-        discard_quietly(tmp)
-        raise SeqkvError(f"cannot write {out}: {exc.strerror}") from None
-    fsync_dir(Path(out).absolute().parent)
+    publish_file(tmp, out)
 
 
 def discard(out: Path) -> None:
