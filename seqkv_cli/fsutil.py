@@ -48,13 +48,20 @@ def remove_created_dirs(created: list[Path]) -> None:
             folder.rmdir()
 
 
-def check_output_file(path: Path, option: str = "-o") -> None:
+def check_output_file(path: Path, option: str = "-o", *, create_parent: bool = False) -> None:
     """Refuse, before any work, an output file that cannot be written: a directory there
-    (seqkv never guesses a name inside it) or a folder that cannot be created or written."""
+    (seqkv never guesses a name inside it), or a folder that is missing (created instead
+    with `create_parent`) or not writable."""
     path = Path(path)
     if path.is_dir():
         raise SeqkvError(f"{option} {path} is a directory; give a file name")
-    ensure_writable_dir(path.parent if str(path.parent) else Path("."))
+    folder = path.parent if str(path.parent) else Path(".")
+    if create_parent:
+        ensure_writable_dir(folder)
+    elif not folder.is_dir():
+        raise SeqkvError(f"cannot write {path}: the directory {folder} does not exist")
+    elif not os.access(folder, os.W_OK):
+        raise SeqkvError(f"cannot write {path}: the directory {folder} is not writable")
 
 
 def same_file(a: Path, b: Path) -> bool:

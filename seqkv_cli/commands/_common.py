@@ -86,6 +86,24 @@ def shown(value: object) -> str:
     return escape(str(value).translate(_UNPRINTABLE))
 
 
+def visible(value: object) -> str:
+    """Control characters made visible, for plain (not Rich markup) output."""
+    return str(value).translate(_UNPRINTABLE)
+
+
+def print_columns(columns: dict[str, list[str]], left: tuple[str, ...] = ()) -> None:
+    """A plain aligned table (header, rule, rows) for listings too long for a Rich table,
+    which renders about a millisecond a row; cells are already formatted, shown as text."""
+    names = list(columns)
+    widths = [max([len(n), *(len(c) for c in columns[n])]) for n in names]
+    pads = [str.ljust if n in left else str.rjust for n in names]
+    lines = ["  ".join(pad(n, w) for n, w, pad in zip(names, widths, pads, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in zip(*(columns[n] for n in names), strict=True):
+        lines.append("  ".join(p(c, w) for c, w, p in zip(row, widths, pads, strict=True)))
+    console.out("\n".join(lines), highlight=False)
+
+
 def say(message: str) -> None:
     """Status lines go to stderr so that stdout stays clean for data (printed as plain text:
     the paths and ids in them are not markup)."""

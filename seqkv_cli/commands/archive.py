@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from seqkv_cli.commands._common import (
@@ -13,7 +14,9 @@ from seqkv_cli.commands._common import (
     err_console,
     handle_errors,
     human_bytes,
+    print_columns,
     shown,
+    visible,
 )
 from seqkv_cli.commands.capture import (
     DeviceOption,
@@ -22,7 +25,6 @@ from seqkv_cli.commands.capture import (
     restore_bar,
     token_progress,
 )
-from seqkv_cli.errors import SeqkvError
 
 archive_app = typer.Typer(
     help="Multi-session archives: add sessions, list, extract one, compact.",
@@ -85,24 +87,34 @@ def list_command(archive: ArchiveArg) -> None:
         console.print(shown(note), highlight=False)
 
 
+# Above this many rows a listing is printed as plain aligned columns (Rich tables render
+# about a millisecond a row: 300,000 sessions would take minutes).
+RICH_TABLE_ROWS = 2000
+
+
 def _list_manifest(path: Path) -> None:
     from seqkv_cli.archive.manifest import read_manifest
 
-    man = read_manifest(path)
+    man = read_manifest(path)  # every row checked against its shard's header
     rows = man.rows
-    table = Table(
-        title=f"{shown(man.root)}: {len(rows)} session(s) in {len(man.shards())} shard(s)"
-    )
-    for col in ("id", "tokens", "own bytes", "shared prefix", "shard"):
+    title = f"{man.root}: {len(rows)} session(s) in {len(man.shards())} shard(s)"
+    claim = "own bytes and shared prefix as the manifest records them"
+    cells = {
+        "id": rows["session_id"].map(visible).tolist(),
+        "tokens": rows["tokens"].map("{:,}".format).tolist(),
+        "own bytes": rows["bytes"].map(human_bytes).tolist(),
+        "shared prefix": rows["shared_prefix"].map("{:,}".format).tolist(),
+        "shard": rows["shard"].map(visible).tolist(),
+    }
+    if len(rows) > RICH_TABLE_ROWS:
+        console.out(f"{visible(title)} ({claim})", highlight=False)
+        print_columns(cells, left=("id", "shard"))
+        return
+    table = Table(title=shown(title), caption=claim)
+    for col in cells:
         table.add_column(col, justify="left" if col in ("id", "shard") else "right")
-    for r in rows.itertuples(index=False):
-        table.add_row(
-            shown(r.session_id),
-            f"{r.tokens:,}",
-            human_bytes(int(r.bytes)),
-            f"{r.shared_prefix:,}",
-            shown(r.shard),
-        )
+    for row in zip(*cells.values(), strict=True):
+        table.add_row(*(escape(c) for c in row))
     console.print(table)
 
 
@@ -117,19 +129,17 @@ def extract_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Restore one session (only the nodes on its path are decoded) as a capture file."""
-    from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
+    from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import save_capture
     from seqkv_cli.skv.restore import Archive
 
-    if out.is_dir():
-        raise SeqkvError(f"{out} is a directory; give the capture file's name")
+    check_output_file(out, create_parent=True)
     from seqkv_cli.archive.manifest import manifest_file, read_manifest
 
     if manifest_file(archive) is not None:  # a sharded archive: the shard that holds the id
         # only the one shard is opened; Archive(model=...) below checks its model
         archive = read_manifest(archive, check_shards=False).shard_of(session_id)
     refuse_output_in_inputs(out, [archive])
-    ensure_writable_dir(out.parent)
     with Archive(archive, model=model) as arc, token_progress() as bar:
         arc.on_tokens = restore_bar(bar, f"restoring {shown(session_id)}")
         restored = arc.restore(arc.session(session_id))

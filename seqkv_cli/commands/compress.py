@@ -143,7 +143,7 @@ def compress_command(
         return
     if ray is not None:
         raise SeqkvError("--ray runs session datasets (.jsonl/.parquet), not capture files")
-    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
     from seqkv_cli.sequential.registry import (
         codec_capabilities,
@@ -173,6 +173,7 @@ def compress_command(
             raise SeqkvError(f"--parallel applies to seq, not {codec}")
         spec["parallel"] = parallel
     resolve_codec(spec)  # refuse an unknown id before reading any capture
+    check_output_file(out)
     refuse_output_in_inputs(out, captures)
     total = sum(load_capture_meta(p)["positions"] for p in captures)
     with token_progress() as bar:
@@ -203,13 +204,14 @@ def compress_command(
 
 
 def _compress_datasets(paths, out, model, options, ray, workers, cpus, gpus) -> None:
-    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
     from seqkv_cli.scale.local import compress_dataset, compress_dataset_to_file
 
     refuse_output_in_inputs(out, paths)
     if out.suffix == ".skv":
         if ray is not None:
             raise SeqkvError("--ray writes shards into a directory; give -o a directory")
+        check_output_file(out)
         res = compress_dataset_to_file(paths, out, model, options)
         console.print(
             f"{shown(out)}: {res.sessions} session(s), {res.positions:,} positions, "

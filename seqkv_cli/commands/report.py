@@ -97,7 +97,7 @@ def report_command(
     read = [f for p in inputs for f in (p.iterdir() if p.is_dir() else [p])]
     for option, path in files.items():
         if path is not None:
-            check_output_file(path, option)
+            check_output_file(path, option, create_parent=True)
             refuse_output_in_inputs(path, read, option)
     if plots is not None:
         ensure_writable_dir(plots)

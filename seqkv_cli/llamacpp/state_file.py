@@ -38,6 +38,11 @@ TOKEN_NULL = -1
 GGML_TYPES = {0: ("f32", 4), 1: ("f16", 2), 30: ("bf16", 2)}
 GGML_TYPE_IDS = {name: i for i, (name, _) in GGML_TYPES.items()}
 _OTHER_TYPE_NAMES = {2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl"}
+# Bounds the parser enforces, so that the writer is held to the same ones (`check_layout`).
+MAX_STREAMS = 4096
+MAX_ARCH_BYTES = 256
+TOKEN_FORMS = ("plain", "server-v1")
+INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
 @dataclass
@@ -138,14 +143,13 @@ def parse_state(data: bytes, name: str = "state file") -> LlamaState:
     arch = None
     if kind == "session":
         size = r.u32("architecture name length")
-        if size > 256:
+        if size > MAX_ARCH_BYTES:
             raise SeqkvError(f"{name}: architecture name of {size} bytes (hostile or damaged)")
         try:
             arch = bytes(r.take(size, "architecture name")).decode("ascii")
         except UnicodeDecodeError:
             raise SeqkvError(f"{name}: architecture name is not ASCII") from None
-        if not arch.replace("-", "").replace("_", "").isalnum():
-            raise SeqkvError(f"{name}: architecture name {arch!r} is not a llama.cpp name")
+        _check_arch(arch, name)
     state = _parse_cache(r, name, kind, tokens, form, arch)
     if r.left():
         raise SeqkvError(
@@ -153,6 +157,58 @@ def parse_state(data: bytes, name: str = "state file") -> LlamaState:
             "recurrent model's second cache?); seqkv reads one attention cache"
         )
     return state
+
+
+def _check_arch(arch: str, name: str) -> None:
+    """llama.cpp's architecture names: short ASCII letters, digits, `-` and `_`."""
+    if not (arch.isascii() and arch.replace("-", "").replace("_", "").isalnum()):
+        raise SeqkvError(f"{name}: architecture name {arch!r} is not a llama.cpp name")
+    if len(arch) > MAX_ARCH_BYTES:
+        raise SeqkvError(f"{name}: architecture name of {len(arch)} bytes (at most 256)")
+
+
+def check_layout(layout: object, name: str) -> dict:
+    """The layout fields `write_state` takes, checked against what `parse_state` accepts.
+
+    The fields come from a session's stored metadata, which any archive (or `add(meta=...)`)
+    can set: each is checked for type and range here, so a bad one is one line naming it and
+    no state file seqkv's own parser would refuse is ever written.
+    """
+    if not isinstance(layout, dict):
+        raise SeqkvError(f"{name}: the llama.cpp layout is {type(layout).__name__}, not a table")
+
+    def field(key: str, allowed=None, ints: tuple[int, int] | None = None):
+        if key not in layout:
+            raise SeqkvError(f"{name}: the llama.cpp layout has no {key!r}")
+        value = layout[key]
+        if ints is not None:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise SeqkvError(f"{name}: layout {key!r} is {value!r}, not a whole number")
+            if not ints[0] <= value <= ints[1]:
+                raise SeqkvError(f"{name}: layout {key!r} is {value}, outside {ints[0]}..{ints[1]}")
+        elif value not in allowed:
+            shown = ", ".join(repr(a) for a in allowed)
+            raise SeqkvError(f"{name}: layout {key!r} is {value!r}; one of {shown}")
+        return value
+
+    out = {
+        "kind": field("kind", ("session", "sequence")),
+        "token_form": field("token_form", TOKEN_FORMS),
+        "n_stream": field("n_stream", ints=(1, MAX_STREAMS)),
+        "seq_id": field("seq_id", ints=INT32),
+        "v_trans": field("v_trans", (True, False)),
+        "k_type": field("k_type", tuple(GGML_TYPE_IDS)),
+        "v_type": field("v_type", tuple(GGML_TYPE_IDS)),
+    }
+    out["v_trans"] = bool(out["v_trans"])
+    out["stream"] = field("stream", ints=(0, out["n_stream"] - 1))
+    arch = layout.get("arch")
+    if out["kind"] == "session":
+        if not isinstance(arch, str):
+            raise SeqkvError(f"{name}: a session file needs an architecture name, not {arch!r}")
+        _check_arch(arch, name)
+    out["arch"] = arch if out["kind"] == "session" else None
+    return out
 
 
 def _unpack_tokens(words: list[int], name: str) -> tuple[list[int], str]:

@@ -26,7 +26,7 @@ from seqkv_cli.llamacpp.convert import (
     from_capture_kv,
     to_capture_kv,
 )
-from seqkv_cli.llamacpp.state_file import LlamaState, parse_state, write_state
+from seqkv_cli.llamacpp.state_file import LlamaState, check_layout, parse_state, write_state
 
 META_KEY = "llama_state"
 # ‖file K/V - recompute‖ / ‖recompute‖ above this: the state is not of this model. Measured
@@ -134,12 +134,13 @@ def import_states(
 ) -> ImportReport:
     """Archive llama.cpp state files in `archive` (created, or appended to)."""
     from seqkv_cli.api.memory import open_archive
-    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
 
     paths = [Path(p) for p in paths]
     if not paths:
         raise SeqkvError("no state files given")
     archive = Path(archive)
+    check_output_file(archive)
     refuse_output_in_inputs(archive, paths)
     ids = list(ids) if ids is not None else [state_id(p) for p in paths]
     if len(ids) != len(paths):
@@ -201,9 +202,10 @@ def export_state(
 ) -> ExportReport:
     """Write session `session_id` of `archive` as a llama.cpp state file `out`."""
     from seqkv_cli.api.memory import open_archive
-    from seqkv_cli.fsutil import atomic_path, refuse_output_in_inputs
+    from seqkv_cli.fsutil import atomic_path, check_output_file, refuse_output_in_inputs
 
     out, archive = Path(out), Path(archive)
+    check_output_file(out)
     refuse_output_in_inputs(out, [archive])
     if kind not in (None, "session", "sequence"):
         raise SeqkvError(f"--kind must be session or sequence, not {kind!r}")
@@ -213,20 +215,15 @@ def export_state(
         lm = arc.lm
         stored = arc.meta(session_id).get(META_KEY)
         cap = arc.load_capture(session_id)
-    layout = dict(stored) if isinstance(stored, dict) else _default_layout()
-    if kind is not None:
-        layout["kind"] = kind
-    if flash_attn is not None:
-        layout["v_trans"] = not flash_attn
-    if cache_type is not None:
-        layout["k_type"] = layout["v_type"] = cache_type
-    if layout["kind"] == "session":
-        layout["arch"] = layout.get("arch") or gguf_arch(lm)
-    else:
-        layout["arch"] = None
+    where = f"{archive}: session {session_id!r}"
+    layout = export_layout(stored, gguf_arch(lm), where, kind, flash_attn, cache_type)
     tokens = cap.tokens.tolist()
     state = from_capture_kv(cap.keys, cap.values, tokens, layout, _interleaved(layout["arch"], lm))
     data = write_state(state)
+    try:  # the writer only ever publishes what the reader accepts
+        parse_state(data, str(out))
+    except SeqkvError as exc:
+        raise SeqkvError(f"{where}: not exported, the state would not read back ({exc})") from None
     own = cap.meta.get("numeric_path") == "user-cache"
     same = isinstance(stored, dict) and hashlib.sha256(data).hexdigest() == stored.get("sha256")
     if own and same:
@@ -238,6 +235,30 @@ def export_state(
     with atomic_path(out) as tmp:
         tmp.write_bytes(data)
     return ExportReport(str(out), session_id, len(tokens), len(data), kv)
+
+
+def export_layout(stored, arch: str, where: str, kind=None, flash_attn=None, cache_type=None):
+    """The layout to write: the session's stored one (else llama.cpp's defaults) with the
+    options applied, every field checked as the parser would check the file (`check_layout`).
+    `stored` is the session's metadata, which any archive or `add(meta=...)` can set."""
+    if stored is None:
+        layout = _default_layout()
+    elif isinstance(stored, dict):
+        layout = dict(stored)
+    else:
+        raise SeqkvError(
+            f"{where}: its {META_KEY!r} metadata is {type(stored).__name__}, not the layout "
+            "seqkv stores on import"
+        )
+    if kind is not None:
+        layout["kind"] = kind
+    if flash_attn is not None:
+        layout["v_trans"] = not flash_attn
+    if cache_type is not None:
+        layout["k_type"] = layout["v_type"] = cache_type
+    if layout.get("kind") == "session" and not layout.get("arch"):
+        layout["arch"] = arch
+    return check_layout(layout, where)
 
 
 def _interleaved(arch: str | None, lm) -> bool:

@@ -63,9 +63,10 @@ def compress_captures(
 
     if not paths:
         raise SeqkvError("no captures to compress")
-    from seqkv_cli.fsutil import refuse_output_in_inputs
+    from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
 
-    refuse_output_in_inputs(Path(out), [Path(p) for p in paths])  # the library path too
+    check_output_file(Path(out))  # the library path too
+    refuse_output_in_inputs(Path(out), [Path(p) for p in paths])
     if layout not in LAYOUTS:
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     coder = resolve_codec(_with_default_numerics(codec, paths))
