@@ -64,6 +64,7 @@ def save_capture(capture: Capture, path: Path) -> int:
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    check_capture(capture, f"{path}: not written")
     tensors = {
         "tokens": capture.tokens.to(torch.int64).contiguous(),
         "surprisal": capture.surprisal.to(torch.float64).contiguous(),
@@ -156,6 +157,12 @@ def load_capture(path: Path | str) -> Capture:
         tokens, surprisal = tensors["tokens"], tensors["surprisal"]
     except KeyError as exc:
         raise SeqkvError(f"{path} is missing tensor {exc.args[0]}") from None
+    tokens = _check_parts(path, tokens, keys, values, surprisal, meta)
+    return Capture(tokens, keys, values, surprisal, meta)
+
+
+def _check_parts(path, tokens, keys, values, surprisal, meta: dict) -> torch.Tensor:
+    """Metadata and tensors agree: the checks `load_capture` makes, shared with the writer."""
     tokens = _check_tokens(path, tokens, meta)
     n = int(tokens.shape[0])
     if surprisal.dim() != 1 or not surprisal.is_floating_point():
@@ -163,7 +170,18 @@ def load_capture(path: Path | str) -> Capture:
     if surprisal.shape[0] != max(n - 1, 0):
         raise SeqkvError(f"{path}: tensor lengths disagree with {n} tokens")
     _check_kv(path, keys, values, n, meta)
-    return Capture(tokens, keys, values, surprisal, meta)
+    return tokens
+
+
+def check_capture(capture: Capture, where: str) -> None:
+    """Refuse, in one line naming `where`, a capture whose metadata contradicts its tensors
+    (a header field changed and re-signed): what `load_capture` would refuse is never
+    written, verified as good or handed on."""
+    meta = capture.meta
+    _check_meta(where, meta)
+    if len(capture.keys) != len(capture.values):
+        raise SeqkvError(f"{where}: {len(capture.keys)} key layers, {len(capture.values)} value")
+    _check_parts(where, capture.tokens, capture.keys, capture.values, capture.surprisal, meta)
 
 
 def _check_tokens(path: Path, tokens: torch.Tensor, meta: dict) -> torch.Tensor:

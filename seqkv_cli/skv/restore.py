@@ -308,8 +308,16 @@ class Archive:
         return read
 
     def _with_meta(self, entry: dict, restored):
+        """The restored session with its header's metadata, or the one-line error when that
+        metadata contradicts the decoded tensors (a shape field changed and re-signed)."""
+        from seqkv_cli.kvcapture.capture_file import check_capture
+
         if not isinstance(restored, Exception):
             restored.meta = capture_meta_of(entry, self.model)
+            try:
+                check_capture(restored, f"{self.path}: session {entry['id']}")
+            except SeqkvError as exc:
+                return exc
         return restored
 
     def _reader_for(self, entry: dict):
