@@ -85,9 +85,7 @@ def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
             f"{file} is manifest version {version}; this seqkv reads up to "
             f"{MANIFEST_VERSION} (upgrade seqkv)"
         )
-    missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing:
-        raise SeqkvError(f"{file}: manifest lacks the column(s) {', '.join(missing)}")
+    _check_schema(file, table)
     rows = table.select(list(COLUMNS)).to_pandas()
     for name in set(rows["shard"]):
         if not _plain_shard_name(name):
@@ -99,20 +97,81 @@ def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
         )
     manifest = Manifest(file.parent, model, rows, meta)
     if check_shards:
-        from seqkv_cli.skv.identity import fingerprint_matches
-        from seqkv_cli.skv.restore import Archive
-
-        for shard in manifest.shards():
-            if not shard.is_file():
-                raise SeqkvError(f"{file} lists {shard.name}, which is missing")
-            with Archive(shard) as arc:
-                got = str(arc.model.get("fingerprint", "?"))
-            if not fingerprint_matches(got, fingerprint):
-                raise SeqkvError(
-                    f"{shard} holds sessions of another model (fingerprint {got[:16]}) than "
-                    f"{file} names ({fingerprint[:16]}); one manifest holds one model"
-                )
+        _check_against_shards(file, manifest, fingerprint)
     return manifest
+
+
+def _check_schema(file: Path, table) -> None:
+    """Every column there, of its type, with no empty cells (log2 PP may be unknown), and
+    counts that can be counts: checked on whole columns, not row by row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise SeqkvError(f"{file}: manifest lacks the column(s) {', '.join(missing)}")
+    allowed = {"string": (pa.string(), pa.large_string()), "int64": (pa.int64(),)}
+    allowed["float64"] = (pa.float64(),)
+    for name, kind in COLUMNS.items():
+        column = table.column(name)
+        if column.type not in allowed[kind]:
+            raise SeqkvError(f"{file}: manifest column {name} holds {column.type}, not {kind}")
+        if name != "log2_pp" and column.null_count:
+            raise SeqkvError(f"{file}: manifest column {name} has empty cells")
+    for name in ("tokens", "bytes", "shared_prefix"):
+        low = pc.min(table.column(name)).as_py()
+        if low is not None and low < 0:
+            raise SeqkvError(f"{file}: manifest column {name} holds {low}, not a count")
+    if (
+        table.num_rows
+        and pc.any(pc.greater(table.column("shared_prefix"), table.column("tokens"))).as_py()
+    ):
+        raise SeqkvError(f"{file}: a manifest row shares more prefix than it has tokens")
+
+
+def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> None:
+    """Each shard is there, of the manifest's model, and holds exactly the sessions the
+    manifest lists for it with the token counts it gives (read from the shards' headers).
+    Bytes and shared prefixes are what the writer measured; `archive list` says so."""
+    import pandas as pd
+
+    from seqkv_cli.skv.identity import fingerprint_matches
+    from seqkv_cli.skv.restore import Archive
+
+    held = []
+    for shard in manifest.shards():
+        if not shard.is_file():
+            raise SeqkvError(f"{file} lists {shard.name}, which is missing")
+        with Archive(shard) as arc:
+            got = str(arc.model.get("fingerprint", "?"))
+            held += [(shard.name, e["id"], e["positions"]) for e in arc.sessions]
+        if not fingerprint_matches(got, fingerprint):
+            raise SeqkvError(
+                f"{shard} holds sessions of another model (fingerprint {got[:16]}) than "
+                f"{file} names ({fingerprint[:16]}); one manifest holds one model"
+            )
+    shards = pd.DataFrame(held, columns=["shard", "session_id", "positions"])
+    both = manifest.rows.merge(shards, on=["shard", "session_id"], how="outer", indicator=True)
+    listed_only = both[both["_merge"] == "left_only"]
+    if len(listed_only):
+        row = listed_only.iloc[0]
+        raise SeqkvError(
+            f"{file} lists session {str(row.session_id)[:80]!r} in {row.shard}, which does "
+            "not hold it"
+        )
+    held_only = both[both["_merge"] == "right_only"]
+    if len(held_only):
+        row = held_only.iloc[0]
+        raise SeqkvError(
+            f"{row.shard} holds session {str(row.session_id)[:80]!r}, which {file} does not list"
+        )
+    wrong = both[both["tokens"] != both["positions"]]
+    if len(wrong):
+        row = wrong.iloc[0]
+        raise SeqkvError(
+            f"{file} says session {str(row.session_id)[:80]!r} has {int(row.tokens):,} "
+            f"tokens; {row.shard} holds {int(row.positions):,}"
+        )
 
 
 def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None = None) -> Path:
