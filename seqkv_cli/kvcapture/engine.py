@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -15,8 +17,50 @@ CHUNK = 256  # positions per forward call: bounds memory (logits are n x vocab)
 HF_NUMERIC_PATH = f"transformers-fp32-chunk{CHUNK}"
 
 
+class SessionTooLong(SeqkvError):
+    """A text too long for the model's context, found before the tokenizer runs."""
+
+    def __init__(self, message: str, at_least: int) -> None:
+        super().__init__(message)
+        self.at_least = at_least  # tokens the text has at the least
+
+
+# A tokenizer's output for one huge word can be ~50x its text in memory (a 30 MB row: 1.4 GB
+# and a Rust abort), so texts are bounded before tokenizing. A token covers at most as many
+# characters as its own string has (byte-level BPE: one character a byte; SentencePiece:
+# the text itself); the 2x margin is for normalizers that fold character sequences.
+_TOKEN_CHARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def max_token_chars(tok) -> int:
+    """The most characters of text any one token of `tok` can cover (computed once)."""
+    try:
+        return _TOKEN_CHARS[tok]
+    except (KeyError, TypeError):
+        pass
+    pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+    longest = max((len(p) for p in pieces if isinstance(p, str)), default=1)
+    with contextlib.suppress(TypeError):
+        _TOKEN_CHARS[tok] = longest
+    return longest
+
+
+def check_text_length(lm, text: str, source: str) -> None:
+    """Refuse, before the tokenizer allocates anything, a text that must hold more tokens
+    than the model's context."""
+    per_token = 2 * max_token_chars(lm.tokenizer)
+    if len(text) > lm.max_context * per_token:
+        at_least = len(text) // per_token
+        raise SessionTooLong(
+            f"{source}: {len(text):,} characters, at least {at_least:,} tokens: more than the "
+            f"model context ({lm.max_context:,}); split it into shorter sessions",
+            at_least,
+        )
+
+
 def tokenize(lm, doc) -> list[int]:
-    """Token ids of a document: plain text as is, chat sessions through the chat template."""
+    """Token ids of a document: plain text as is, chat sessions through the chat template
+    (a text too long for the context is refused before tokenizing: `SessionTooLong`)."""
     tok = lm.tokenizer
     if getattr(doc, "token_ids", None) is not None:  # given as ids: only their range to check
         ids = list(doc.token_ids)
@@ -32,6 +76,7 @@ def tokenize(lm, doc) -> list[int]:
         text = tok.apply_chat_template(list(doc.messages), tokenize=False)
     else:
         text = doc.text
+    check_text_length(lm, text, str(doc.source))
     return list(tok(text, add_special_tokens=False).input_ids)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.kvcapture.rows import is_dataset, iter_rows
+from seqkv_cli.kvcapture.rows import MAX_SESSION_BYTES, is_dataset, iter_rows
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_STEM = 120  # bytes; names stay well under the 255-byte limit with suffix and temp prefix
@@ -66,7 +66,7 @@ def read_inputs(paths: list[str]) -> list[Document]:
     docs: list[Document] = []
     for raw in paths:
         if raw == "-":
-            docs.append(_text_doc("stdin", "<stdin>", sys.stdin.read()))
+            docs.append(_text_doc("stdin", "<stdin>", _bounded_read(sys.stdin, "<stdin>")))
             continue
         path = Path(raw)
         if path.is_dir():
@@ -94,7 +94,8 @@ def _read_file(path: Path) -> list[Document]:
     if is_dataset(path):
         return _read_sessions(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            data = _bounded_read(handle, str(path))
     except FileNotFoundError:
         raise SeqkvError(f"no such input file: {path}") from None
     except OSError as exc:
@@ -104,6 +105,17 @@ def _read_file(path: Path) -> list[Document]:
     except UnicodeDecodeError as exc:
         raise SeqkvError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     return [_text_doc(path.stem, str(path), text)]
+
+
+def _bounded_read(handle, name: str):
+    """All of `handle`, refused in one line past MAX_SESSION_BYTES (characters, for text)."""
+    data = handle.read(MAX_SESSION_BYTES + 1)
+    if len(data) > MAX_SESSION_BYTES:
+        raise SeqkvError(
+            f"{name}: more than {MAX_SESSION_BYTES >> 20} MiB; one session that long is past "
+            "any model's context: split it"
+        )
+    return data
 
 
 def _text_doc(doc_id: str, source: str, text: str) -> Document:

@@ -19,6 +19,10 @@ DATASET_SUFFIXES = (".jsonl", ".parquet")
 KINDS = ("messages", "text", "token_ids")
 PARQUET_BATCH = 1024
 MAX_ID_CHARS = 1024
+# One session's bytes as read (a JSONL line, a text file, stdin): ~16 M tokens of text, past
+# any model's context, and a bound on what is read before the model's own bound applies
+# (kvcapture/engine.check_text_length runs before the tokenizer).
+MAX_SESSION_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -133,8 +137,13 @@ def _jsonl_rows(path: Path, default_ids: bool) -> Iterator[Row]:
     except OSError as exc:
         raise SeqkvError(f"cannot read input {path}: {exc.strerror}") from None
     with handle:
-        for lineno, raw in enumerate(handle, start=1):
+        for lineno, raw in enumerate(iter(lambda: handle.readline(MAX_SESSION_BYTES + 1), b""), 1):
             where = f"{path}:{lineno}"
+            if len(raw) > MAX_SESSION_BYTES:
+                raise SeqkvError(
+                    f"{where}: a row of more than {MAX_SESSION_BYTES >> 20} MiB; one session "
+                    "that long is past any model's context: split it"
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
