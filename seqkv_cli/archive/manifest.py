@@ -138,6 +138,14 @@ def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> N
     from seqkv_cli.skv.identity import fingerprint_matches
     from seqkv_cli.skv.restore import Archive
 
+    listed = {shard.name for shard in manifest.shards()}
+    seals = {name.rsplit("-", 1)[-1] for name in listed}  # shard-{n}-{plan seal}.skv
+    for other in sorted(manifest.root.glob("shard-*.skv")):
+        if other.name not in listed and other.name.rsplit("-", 1)[-1] in seals:
+            raise SeqkvError(
+                f"{file} does not list {other.name}, a shard of its own plan: the manifest "
+                "is incomplete (run the compress again to rewrite it)"
+            )
     held = []
     for shard in manifest.shards():
         if not shard.is_file():
