@@ -76,10 +76,17 @@ def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
         raise SeqkvError(f"{file} is a Parquet file but not a seqkv shard manifest")
     try:
         meta = json.loads(raw)
-        version, model = int(meta["version"]), dict(meta["model"])
-        fingerprint = str(model["fingerprint"])
-    except (ValueError, KeyError, TypeError):
+        version, model = meta["version"], meta["model"]
+        fingerprint = model["fingerprint"]
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise SeqkvError(f"{file}: malformed manifest metadata") from None
+    if not (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and isinstance(model, dict)
+        and isinstance(fingerprint, str)
+    ):
+        raise SeqkvError(f"{file}: malformed manifest metadata (version, model, fingerprint)")
     if version > MANIFEST_VERSION:
         raise SeqkvError(
             f"{file} is manifest version {version}; this seqkv reads up to "
@@ -138,13 +145,15 @@ def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> N
     from seqkv_cli.skv.identity import fingerprint_matches
     from seqkv_cli.skv.restore import Archive
 
+    # The pipeline deletes shards of earlier plans once the manifest is written, so a shard
+    # file beside the manifest that it does not list means rows were lost (or that run died
+    # in between): listing the rest would hide those sessions.
     listed = {shard.name for shard in manifest.shards()}
-    seals = {name.rsplit("-", 1)[-1] for name in listed}  # shard-{n}-{plan seal}.skv
     for other in sorted(manifest.root.glob("shard-*.skv")):
-        if other.name not in listed and other.name.rsplit("-", 1)[-1] in seals:
+        if other.name not in listed:
             raise SeqkvError(
-                f"{file} does not list {other.name}, a shard of its own plan: the manifest "
-                "is incomplete (run the compress again to rewrite it)"
+                f"{file} does not list {other.name}, which lies beside it: an incomplete "
+                "manifest, or a run that was interrupted (run the compress again)"
             )
     held = []
     for shard in manifest.shards():

@@ -161,10 +161,10 @@ def parse_state(data: bytes, name: str = "state file") -> LlamaState:
 
 def _check_arch(arch: str, name: str) -> None:
     """llama.cpp's architecture names: short ASCII letters, digits, `-` and `_`."""
-    if not (arch.isascii() and arch.replace("-", "").replace("_", "").isalnum()):
-        raise SeqkvError(f"{name}: architecture name {arch!r} is not a llama.cpp name")
     if len(arch) > MAX_ARCH_BYTES:
         raise SeqkvError(f"{name}: architecture name of {len(arch)} bytes (at most 256)")
+    if not (arch.isascii() and arch.replace("-", "").replace("_", "").isalnum()):
+        raise SeqkvError(f"{name}: architecture name {arch[:60]!r} is not a llama.cpp name")
 
 
 def check_layout(layout: object, name: str) -> dict:
@@ -177,18 +177,21 @@ def check_layout(layout: object, name: str) -> dict:
     if not isinstance(layout, dict):
         raise SeqkvError(f"{name}: the llama.cpp layout is {type(layout).__name__}, not a table")
 
+    def brief(value) -> str:  # a crafted value may be nested past repr's recursion limit
+        return f"a {type(value).__name__}" if isinstance(value, dict | list) else repr(value)[:60]
+
     def field(key: str, allowed=None, ints: tuple[int, int] | None = None):
         if key not in layout:
             raise SeqkvError(f"{name}: the llama.cpp layout has no {key!r}")
         value = layout[key]
         if ints is not None:
             if not isinstance(value, int) or isinstance(value, bool):
-                raise SeqkvError(f"{name}: layout {key!r} is {value!r}, not a whole number")
+                raise SeqkvError(f"{name}: layout {key!r} is {brief(value)}, not a whole number")
             if not ints[0] <= value <= ints[1]:
                 raise SeqkvError(f"{name}: layout {key!r} is {value}, outside {ints[0]}..{ints[1]}")
         elif value not in allowed:
             shown = ", ".join(repr(a) for a in allowed)
-            raise SeqkvError(f"{name}: layout {key!r} is {value!r}; one of {shown}")
+            raise SeqkvError(f"{name}: layout {key!r} is {brief(value)}; one of {shown}")
         return value
 
     out = {
@@ -205,7 +208,7 @@ def check_layout(layout: object, name: str) -> dict:
     arch = layout.get("arch")
     if out["kind"] == "session":
         if not isinstance(arch, str):
-            raise SeqkvError(f"{name}: a session file needs an architecture name, not {arch!r}")
+            raise SeqkvError(f"{name}: a session file needs an arch name, not {brief(arch)}")
         _check_arch(arch, name)
     out["arch"] = arch if out["kind"] == "session" else None
     return out

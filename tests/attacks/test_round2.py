@@ -36,7 +36,7 @@ HOSTILE_LAYOUTS = [
     ({**GOOD_LAYOUT, "n_stream": True}, "'n_stream' is True, not a whole number"),
     ({**GOOD_LAYOUT, "seq_id": 1 << 40}, "'seq_id' is 1099511627776, outside"),
     ({**GOOD_LAYOUT, "kind": "session", "arch": "llämä"}, "is not a llama.cpp name"),
-    ({**GOOD_LAYOUT, "kind": "session", "arch": 7}, "needs an architecture name"),
+    ({**GOOD_LAYOUT, "kind": "session", "arch": 7}, "needs an arch name"),
     ({**GOOD_LAYOUT, "token_form": "server-v9"}, "'token_form' is 'server-v9'"),
     (5, "metadata is int, not the layout"),
 ]
