@@ -1,8 +1,9 @@
 """Write a whole `.skv` file atomically, streaming sections so none must sit in memory.
 
 Sections go to a temporary file in the target directory; only after the index and the
-superblock are written and fsynced does `os.replace` put the file in place. Any error on the
-way deletes the temporary file, so a failed write leaves nothing behind.
+superblock are written does `fsutil.publish` (fsync, rename, fsync the directory) put the file
+in place. Any error on the way deletes the temporary file, so a failed write leaves nothing
+behind.
 """
 
 from __future__ import annotations
