@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 
 import typer
@@ -86,9 +87,13 @@ def shown(value: object) -> str:
     return escape(str(value).translate(_UNPRINTABLE))
 
 
+_NEEDS_TRANSLATION = re.compile("[" + "".join(re.escape(chr(c)) for c in _UNPRINTABLE) + "]")
+
+
 def visible(value: object) -> str:
     """Control characters made visible, for plain (not Rich markup) output."""
-    return str(value).translate(_UNPRINTABLE)
+    text = str(value)
+    return text.translate(_UNPRINTABLE) if _NEEDS_TRANSLATION.search(text) else text
 
 
 def print_columns(columns: dict[str, list[str]], left: tuple[str, ...] = ()) -> None:
@@ -101,7 +106,7 @@ def print_columns(columns: dict[str, list[str]], left: tuple[str, ...] = ()) -> 
     lines.append("  ".join("-" * w for w in widths))
     for row in zip(*(columns[n] for n in names), strict=True):
         lines.append("  ".join(p(c, w) for c, w, p in zip(row, widths, pads, strict=True)))
-    console.out("\n".join(lines), highlight=False)
+    console.file.write("\n".join(lines) + "\n")  # Rich's own output: ~0.1 ms a line
 
 
 def say(message: str) -> None:

@@ -296,3 +296,48 @@ def test_a_row_past_the_byte_bound_is_refused_before_parsing(tmp_path):
     finally:
         rows_module.MAX_SESSION_BYTES = rows_module_bound
     assert [r.id for r in iter_rows(path)] == ["a"]
+
+
+def _nan_state(lm, tokens, how: str) -> bytes:
+    """A llama.cpp sequence state of the model's own recompute, with NaN put in: `all` K/V,
+    or one NaN per layer."""
+    from seqkv_cli.kvcapture.engine import run_capture
+    from seqkv_cli.llamacpp.convert import from_capture_kv
+    from seqkv_cli.llamacpp.state_file import write_state
+
+    cap = run_capture(lm, tokens, dtype="fp32")
+    keys, values = [k.half() for k in cap.keys], [v.half() for v in cap.values]
+    for t in keys + values:
+        if how == "all":
+            t.fill_(float("nan"))
+        else:
+            t[0, -1, 0] = float("nan")
+    return write_state(from_capture_kv(keys, values, tokens, GOOD_LAYOUT, True))
+
+
+@pytest.mark.parametrize("how", ["all", "one per layer"])
+def test_nan_kv_cannot_pass_the_other_model_guard(how, tmp_path, tiny_lm, tiny_model_dir):
+    """A NaN distance used to skip its layer: all-NaN K/V were "0.0 % from the recompute"."""
+    state = tmp_path / "nan.bin"
+    state.write_bytes(_nan_state(tiny_lm, TOKENS, how))
+    archive = tmp_path / "a.skv"
+    result = invoke("import", "llama-state", state, "-o", archive, "--model", tiny_model_dir)
+    assert_error(result, "a cache of another model?")
+    assert not archive.exists()
+
+
+def test_the_guard_limit_must_be_finite_and_positive(tmp_path, tiny_lm, tiny_model_dir):
+    from seqkv_cli.api.memory import open_archive
+    from seqkv_cli.kvcapture.engine import run_capture
+
+    cap = run_capture(tiny_lm, TOKENS, dtype="fp32")
+    cache = tuple((k[None], v[None]) for k, v in zip(cap.keys, cap.values, strict=True))
+    with open_archive(tmp_path / "a.skv", model=str(tiny_model_dir)) as arc:
+        for limit in (float("nan"), float("inf"), 0.0, -1.0, "0.1", True):
+            with pytest.raises(SeqkvError, match="max_relative_difference must be"):
+                arc.add("s", TOKENS, cache, max_relative_difference=limit)
+        nan_cache = tuple((k.clone().fill_(float("nan")), v) for k, v in cache)
+        with pytest.raises(SeqkvError, match="a cache of another model"):
+            arc.add("s", TOKENS, nan_cache, max_relative_difference=0.25)
+        report = arc.add("s", TOKENS, cache, max_relative_difference=0.25)
+        assert report.relative_difference == 0.0
