@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import random
 import signal
@@ -129,6 +130,8 @@ def corpus(tmp_path_factory):
             path = folder / f"{codec}-{layout}.skv"
             compress_captures(caps, path, codec=config, layout=layout)
             header, sections = take_apart(path)
+            # the fuzz loop's memory budget reads this claim: it must read here (NoClaim if not)
+            assert (_declared(header) > 0) == (layout == "flat"), (path.name, header)
             tracemalloc.start()
             baseline = _restore(path)
             peak = tracemalloc.get_traced_memory()[1]
@@ -166,16 +169,29 @@ def _same(a, b) -> bool:
     )
 
 
+class NoClaim(Exception):
+    """A header whose K/V claim cannot be read: a field missing, not a count, or past 16 GiB."""
+
+
 def _declared(header) -> int:
-    """Bytes of K/V the header claims (for flat files; 0 where it cannot be read)."""
-    total = 0
+    """Bytes of K/V the header's sessions claim (a trie file's header lists none). Raises
+    NoClaim rather than answering 0, so that only a caller expecting broken headers (the
+    fuzz loop) budgets without the claim; an unchanged file's header must always read."""
     try:
-        for s in header["sessions"]:
-            sh = s["shapes"]
-            total += 8 * s["positions"] * sh["num_layers"] * sh["num_kv_heads"] * sh["head_dim"]
-    except Exception:
-        return 0
-    return total if 0 <= total < 1 << 34 else 0
+        claims = [
+            (s["positions"], *(s["shapes"][k] for k in ("num_layers", "num_kv_heads", "head_dim")))
+            for s in header["sessions"]
+        ]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise NoClaim(repr(exc)) from exc
+    total = 0
+    for fields in claims:
+        if not all(type(f) is int and f >= 0 for f in fields):  # bool, float, str: no count
+            raise NoClaim(f"not counts: {fields!r}")
+        total += 8 * math.prod(fields)
+    if total >= 1 << 34:
+        raise NoClaim(f"{total} bytes")
+    return total
 
 
 # -- mutators: each changes one structural field and returns a description ------------------
@@ -465,7 +481,11 @@ def fuzz(corpus, tmp_path, mutations: int) -> None:
                 if traced:
                     peak = tracemalloc.get_traced_memory()[1]
                     tracemalloc.stop()
-                    budget = 4 * max(base_peak, _declared(header)) + (2 << 20)
+                    try:
+                        declared = _declared(header)
+                    except NoClaim:
+                        declared = 0  # the mutation broke the claim: it allows nothing more
+                    budget = 4 * max(base_peak, declared) + (2 << 20)
                     if peak > budget:
                         failures.append(f"{label}: allocated {peak} B, budget {budget} B")
             elapsed = time.perf_counter() - tick
