@@ -35,6 +35,7 @@ import struct
 
 import numpy as np
 
+from seqkv_codecs.bits import BitReader, BitWriter, bit_length
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 
@@ -115,10 +116,10 @@ def encode_rounding_residual(captured: np.ndarray, recomputed: np.ndarray, dtype
     present = [c for c in range(CONTEXTS) if (ctx == c).any()]
     hits_of = {c: nonzero[ctx == c] for c in present}
     u = _signed_to_code(diff[nonzero] * toward[nonzero])
-    lengths = _bit_length(u)
+    lengths = bit_length(u)
 
     def stream(sizes: int) -> bytes:
-        bits = _BitWriter()
+        bits = BitWriter("lsb")
         bits.gamma(np.array([int(hits_of[c].sum()) for c in present], np.int64))
         for c in present:
             hits = hits_of[c]
@@ -171,9 +172,9 @@ def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> 
         table, pos = data[pos : pos + length], pos + length
         if len(table) != length:
             raise CorruptStreamError("rounding residual truncated")
-    bits = _BitReader(data[pos:])
+    bits = BitReader(data, "lsb", "rounding residual bits", start=pos)
     where_of = [w for w in (np.flatnonzero(ctx == c) for c in range(CONTEXTS)) if w.size]
-    counts = bits.gamma(len(where_of))
+    counts = bits.gamma(len(where_of), MAX_LENGTH).astype(np.int64)
     if int(counts.sum()) != z or any(k > w.size for k, w in zip(counts, where_of, strict=True)):
         raise CorruptStreamError("rounding residual counts do not add up to its header")
     nonzero = np.zeros(n, bool)
@@ -187,7 +188,7 @@ def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> 
             raise CorruptStreamError("rounding residual has the wrong number of differences")
     if lengths.max(initial=0) > MAX_LENGTH:
         raise CorruptStreamError("rounding residual holds a difference too large for it")
-    low = bits.varying(np.maximum(lengths - 1, 0))
+    low = bits.varying(np.maximum(lengths - 1, 0)).astype(np.int64)
     steps = _code_to_signed(
         np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0) | low
     )
@@ -217,7 +218,7 @@ def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
         return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
     counts, pos = _blob(data, _HEAD_V1.size)
     buckets, pos = _blob(data, pos)
-    bits = _BitReader(data[pos:])
+    bits = BitReader(data, "lsb", "rounding residual bits", start=pos)
     nonzero = np.zeros(n, bool)
     at = 0
     for c in range(CONTEXTS):
@@ -237,7 +238,7 @@ def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
     for b in range(2, BUCKETS):
         sel = lengths == b
         if sel.any():
-            u[sel] |= bits.fixed(int(sel.sum()), b - 1)
+            u[sel] |= bits.fixed(int(sel.sum()), b - 1).astype(np.int64)
     bits.finish()
     flat[nonzero] += (_unzigzag(u) + _offset(dtype)) * toward[nonzero]
     if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
@@ -264,21 +265,12 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return np.where(u % 2 == 0, u // 2, -(u + 1) // 2)
 
 
-def _bit_length(u: np.ndarray) -> np.ndarray:
-    out = np.zeros(u.shape, np.int64)
-    rest = u.copy()
-    while rest.any():
-        out += rest > 0
-        rest >>= 1
-    return out
-
-
 def _rice_parameter(n: int, m: int) -> int:
     """floor(log2(ln 2 * n / m)): near the best Rice code for gaps of mean n / m."""
     return max(0, (n * 710 // (1024 * m)).bit_length() - 1)
 
 
-def _write_positions(bits: _BitWriter, hits: np.ndarray, n: int, k: int) -> None:
+def _write_positions(bits: BitWriter, hits: np.ndarray, n: int, k: int) -> None:
     """Where the k hits of n lie: the gaps between the rarer class (hits or misses)."""
     if k == 0 or k == n:
         return
@@ -289,110 +281,18 @@ def _write_positions(bits: _BitWriter, hits: np.ndarray, n: int, k: int) -> None
     bits.fixed(gaps & ((1 << b) - 1), b)
 
 
-def _read_positions(bits: _BitReader, n: int, k: int) -> np.ndarray:
+def _read_positions(bits: BitReader, n: int, k: int) -> np.ndarray:
     if k == 0 or k == n:
         return np.full(n, k == n)
     m = min(k, n - k)
     b = _rice_parameter(n, m)
-    gaps = (bits.unary(m) << b) | bits.fixed(m, b)
+    gaps = (bits.unary(m) << b) | bits.fixed(m, b).astype(np.int64)
     rare = np.cumsum(gaps + 1) - 1
     if rare[-1] >= n:
         raise CorruptStreamError("rounding residual points past its context")
     out = np.zeros(n, bool)
     out[rare] = True
     return out if 2 * k <= n else ~out
-
-
-class _BitWriter:
-    """Bits in order, least significant first within a byte."""
-
-    def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
-
-    def unary(self, q: np.ndarray) -> None:
-        """Each value q as q zeros and a one."""
-        chunk = np.zeros(int(q.sum()) + q.size, np.uint8)
-        chunk[np.cumsum(q + 1) - 1] = 1
-        self._chunks.append(chunk)
-
-    def fixed(self, values: np.ndarray, width: int) -> None:
-        """Each value's low `width` bits, least significant first."""
-        if width:
-            shifts = np.arange(width, dtype=np.int64)
-            self._chunks.append(((values[:, None] >> shifts) & 1).astype(np.uint8).ravel())
-
-    def gamma(self, values: np.ndarray) -> None:
-        """Values >= 0 as their bit lengths L in unary, then (after all of them) the L - 1 bits
-        of each below its leading one, least significant first."""
-        lengths = _bit_length(values)
-        self.unary(lengths)
-        self.varying(values, np.maximum(lengths - 1, 0))
-
-    def varying(self, values: np.ndarray, widths: np.ndarray) -> None:
-        """Each value's low widths[i] bits, least significant first, one value after another."""
-        total = int(widths.sum())
-        if total:
-            owner = np.repeat(np.arange(values.size), widths)
-            shift = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
-            self._chunks.append(((values[owner] >> shift) & 1).astype(np.uint8))
-
-    def getvalue(self) -> bytes:
-        bits = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.uint8)
-        return np.packbits(bits, bitorder="little").tobytes()
-
-
-class _BitReader:
-    def __init__(self, data: bytes) -> None:
-        self._bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
-        self._pos = 0
-
-    def unary(self, m: int) -> np.ndarray:
-        if not m:
-            return np.zeros(0, np.int64)
-        ones = np.flatnonzero(self._bits[self._pos :])[:m]
-        if ones.size < m:
-            raise CorruptStreamError("rounding residual bits end inside a gap")
-        out = np.diff(ones, prepend=-1) - 1
-        self._pos += int(ones[-1]) + 1
-        return out.astype(np.int64)
-
-    def fixed(self, m: int, width: int) -> np.ndarray:
-        if not width:
-            return np.zeros(m, np.int64)
-        end = self._pos + m * width
-        if end > self._bits.size:
-            raise CorruptStreamError("rounding residual bits end early")
-        chunk = self._bits[self._pos : end].reshape(m, width).astype(np.int64)
-        self._pos = end
-        return (chunk << np.arange(width, dtype=np.int64)).sum(axis=1)
-
-    def gamma(self, m: int) -> np.ndarray:
-        lengths = self.unary(m)
-        if lengths.max(initial=0) > MAX_LENGTH:
-            raise CorruptStreamError("rounding residual holds a number too large for it")
-        low = self.varying(np.maximum(lengths - 1, 0))
-        top = np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0)
-        return top | low
-
-    def varying(self, widths: np.ndarray) -> np.ndarray:
-        total = int(widths.sum())
-        out = np.zeros(widths.size, np.int64)
-        if not total:
-            return out
-        if self._pos + total > self._bits.size:
-            raise CorruptStreamError("rounding residual bits end early")
-        chunk = self._bits[self._pos : self._pos + total].astype(np.int64)
-        self._pos += total
-        owner = np.repeat(np.arange(widths.size), widths)
-        shift = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
-        np.add.at(out, owner, chunk << shift)
-        return out
-
-    def finish(self) -> None:
-        """The stream ends in its last byte, padded with zero bits."""
-        rest = self._bits[self._pos :]
-        if rest.size >= 8 or rest.any():
-            raise CorruptStreamError("rounding residual has trailing bits")
 
 
 def _blob(data: bytes, pos: int) -> tuple[bytes, int]:
