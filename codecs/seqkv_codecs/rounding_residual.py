@@ -37,6 +37,7 @@ import numpy as np
 
 from seqkv_codecs.bits import BitReader, BitWriter, bit_length
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.varint import decode_varint, encode_varint
 
 MAGIC = b"SKR2"
@@ -44,8 +45,7 @@ VERSION = 2  # written; version 1 is read
 _HEAD = struct.Struct("<4sBB")  # magic, version, dtype code; version 2: sizes, varints n, z
 SIZES_UNARY, SIZES_RANS = 0, 1  # version 2: how the bit lengths of the differences are coded
 _RANS_FROM = 64  # differences from which a rANS table of their bit lengths may pay for itself
-_HEAD_V1 = struct.Struct("<4sBBHQQ")  # magic, version, dtype code, reserved, n, nonzero count
-_LEN = struct.Struct("<I")
+_FIELDS_V1 = "<HQQ"  # version 1, after magic, version and dtype code: reserved, n, nonzero count
 DTYPES = ("bf16", "fp16", "fp32")
 _UINT = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
 CONTEXTS = 64  # c in 0..63: the row-relative distance from 2**-63 up to 1 and above
@@ -142,42 +142,53 @@ def encode_rounding_residual(captured: np.ndarray, recomputed: np.ndarray, dtype
 
 def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
     """Captured bit patterns (shape of `recomputed`) = rounded recompute + the residual."""
-    from seqkv_codecs.entropy import decode_symbols
-
-    if len(data) < _HEAD.size + 1:
-        raise CorruptStreamError("rounding residual shorter than its header")
-    magic, version, code = _HEAD.unpack_from(data)
-    if magic != MAGIC or version not in (1, VERSION) or code >= len(DTYPES):
-        raise CorruptStreamError("not a rounding residual stream of version 1 or 2")
+    reader = StreamReader(data, "rounding residual")
+    version = reader.opening(MAGIC, (1, VERSION))
+    (code,) = reader.unpack("<B")
+    if code >= len(DTYPES):
+        raise CorruptStreamError(f"rounding residual for an unknown dtype (code {code})")
     if DTYPES[code] != dtype:
         raise CorruptStreamError(f"rounding residual for {DTYPES[code]}, the session is {dtype}")
     if version == 1:
-        return _apply_v1(data, recomputed, dtype)
-    if len(data) < _HEAD.size + 3 or data[_HEAD.size] not in (SIZES_UNARY, SIZES_RANS):
-        raise CorruptStreamError("rounding residual of version 2 with an unknown size coding")
-    sizes = data[_HEAD.size]
-    n, pos = decode_varint(data, _HEAD.size + 1)
-    z, pos = decode_varint(data, pos)
+        reserved, n, z = reader.unpack(_FIELDS_V1)
+        if reserved:
+            raise CorruptStreamError("not a rounding residual stream of version 1")
+    else:
+        (sizes,) = reader.unpack("<B")
+        if sizes not in (SIZES_UNARY, SIZES_RANS):
+            raise CorruptStreamError("rounding residual of version 2 with an unknown size coding")
+        n, z = reader.varint(), reader.varint()
     if n != recomputed.size or z > n:
         raise CorruptStreamError("rounding residual does not match the recomputed K/V")
     base, toward, ctx = contexts(recomputed, dtype)
     flat = base.astype(np.int64)
-    if not z:
-        if pos != len(data):
-            raise CorruptStreamError("empty rounding residual has trailing bytes")
-        return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
-    table = b""
-    if sizes == SIZES_RANS:
-        length, pos = decode_varint(data, pos)
-        table, pos = data[pos : pos + length], pos + length
-        if len(table) != length:
-            raise CorruptStreamError("rounding residual truncated")
-    bits = BitReader(data, "lsb", "rounding residual bits", start=pos)
+    if z:
+        if version == 1:
+            nonzero, steps = _differences_v1(reader, ctx, z, _offset(dtype))
+        else:
+            nonzero, steps = _differences(reader, sizes, ctx, z)
+        flat[nonzero] += steps * toward[nonzero]
+    else:
+        reader.finish()
+    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
+        raise CorruptStreamError("rounding residual moves a value out of range")
+    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+
+
+def _differences(
+    reader: StreamReader, sizes: int, ctx: np.ndarray, z: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Version 2: which elements differ (a mask) and by how many steps toward the nearer
+    neighbour, from the stream after its header."""
+    from seqkv_codecs.entropy import decode_symbols
+
+    table = reader.take(reader.varint()) if sizes == SIZES_RANS else b""
+    bits = BitReader(reader.rest(), "lsb", "rounding residual bits")
     where_of = [w for w in (np.flatnonzero(ctx == c) for c in range(CONTEXTS)) if w.size]
     counts = bits.gamma(len(where_of), MAX_LENGTH).astype(np.int64)
     if int(counts.sum()) != z or any(k > w.size for k, w in zip(counts, where_of, strict=True)):
         raise CorruptStreamError("rounding residual counts do not add up to its header")
-    nonzero = np.zeros(n, bool)
+    nonzero = np.zeros(ctx.size, bool)
     for k, where in zip(counts, where_of, strict=True):
         nonzero[where] = _read_positions(bits, where.size, int(k))
     if sizes == SIZES_UNARY:
@@ -193,33 +204,18 @@ def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> 
         np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0) | low
     )
     bits.finish()
-    flat[nonzero] += steps * toward[nonzero]
-    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
-        raise CorruptStreamError("rounding residual moves a value out of range")
-    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+    return nonzero, steps
 
 
-def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
-    """Version 1 (seqkv 0.2): u64 header fields, varint counts, rANS buckets of the sizes."""
+def _differences_v1(
+    reader: StreamReader, ctx: np.ndarray, z: int, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Version 1 (seqkv 0.2): varint counts and rANS buckets of the sizes in two parts."""
     from seqkv_codecs.entropy import decode_symbols
 
-    if len(data) < _HEAD_V1.size:
-        raise CorruptStreamError("rounding residual shorter than its header")
-    _, _, _, reserved, n, z = _HEAD_V1.unpack_from(data)
-    if reserved:
-        raise CorruptStreamError("not a rounding residual stream of version 1")
-    if n != recomputed.size or z > n:
-        raise CorruptStreamError("rounding residual does not match the recomputed K/V")
-    base, toward, ctx = contexts(recomputed, dtype)
-    flat = base.astype(np.int64)
-    if not z:
-        if len(data) != _HEAD_V1.size:
-            raise CorruptStreamError("empty rounding residual has trailing bytes")
-        return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
-    counts, pos = _blob(data, _HEAD_V1.size)
-    buckets, pos = _blob(data, pos)
-    bits = BitReader(data, "lsb", "rounding residual bits", start=pos)
-    nonzero = np.zeros(n, bool)
+    counts, buckets = reader.parts(2)
+    bits = BitReader(reader.rest(), "lsb", "rounding residual bits")
+    nonzero = np.zeros(ctx.size, bool)
     at = 0
     for c in range(CONTEXTS):
         where = np.flatnonzero(ctx == c)
@@ -240,10 +236,7 @@ def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
         if sel.any():
             u[sel] |= bits.fixed(int(sel.sum()), b - 1).astype(np.int64)
     bits.finish()
-    flat[nonzero] += (_unzigzag(u) + _offset(dtype)) * toward[nonzero]
-    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
-        raise CorruptStreamError("rounding residual moves a value out of range")
-    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+    return nonzero, _unzigzag(u) + offset
 
 
 def _signed_to_code(steps: np.ndarray) -> np.ndarray:
@@ -293,13 +286,3 @@ def _read_positions(bits: BitReader, n: int, k: int) -> np.ndarray:
     out = np.zeros(n, bool)
     out[rare] = True
     return out if 2 * k <= n else ~out
-
-
-def _blob(data: bytes, pos: int) -> tuple[bytes, int]:
-    if pos + _LEN.size > len(data):
-        raise CorruptStreamError("rounding residual truncated")
-    (length,) = _LEN.unpack_from(data, pos)
-    end = pos + _LEN.size + length
-    if end > len(data):
-        raise CorruptStreamError("rounding residual truncated")
-    return data[pos + _LEN.size : end], end

@@ -8,8 +8,9 @@ import torch
 from common import make_block, make_kv
 
 from seqkv_codecs import registry
-from seqkv_codecs.base import Codec, StreamReader
+from seqkv_codecs.base import Codec
 from seqkv_codecs.errors import CodecError, CorruptStreamError, UnknownCodecError
+from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.kvblock import KVBlock, bf16_bits_to_float32, float32_to_bf16_bits
 from seqkv_codecs.pervector import LosslessCodec, RawCodec, Turbo3Codec
 from seqkv_codecs.registry import (
@@ -92,7 +93,7 @@ def test_stream_header_is_checked() -> None:
 def test_stream_reader_errors_name_the_shortfall() -> None:
     reader = StreamReader(b"\x05\x00\x00\x00abc", "demo")
     with pytest.raises(CorruptStreamError, match="demo stream is truncated: needs 5 bytes"):
-        reader.section()
+        reader.part()
     reader = StreamReader(b"ab", "demo")
     reader.take(1)
     with pytest.raises(CorruptStreamError, match="1 unexpected trailing bytes"):
