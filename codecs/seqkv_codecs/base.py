@@ -1,4 +1,5 @@
-"""The `Codec` base class (numcodecs-style) and the 13-byte header every KV codec stream opens with.
+"""The `Codec` base class (numcodecs-style) and the 13-byte header every KV codec stream opens with;
+`Configurable`, the config round trip it shares with seqkv's session codecs.
 
 A codec turns one `KVBlock` into bytes and back. Its configuration is a JSON-safe dict with an
 ``"id"``; a pipeline is a list of such dicts, stored in the container so that every file says
@@ -40,7 +41,33 @@ class StreamHeader(NamedTuple):
     shape: tuple[int, int, int]
 
 
-class Codec(ABC):
+class Configurable(ABC):
+    """A coder whose parameters form a JSON-safe config dict with an ``"id"`` (numcodecs-style):
+    `get_config` writes it, `from_config` makes the coder again. Shared by the codec library's
+    codecs and seqkv's session codecs, which differ only in the error a bad config raises."""
+
+    codec_id: ClassVar[str]
+    #: what `from_config` raises for a config this class cannot take
+    config_error: ClassVar[type[Exception]] = CodecError
+
+    @abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """JSON-safe parameters, ``"id"`` first."""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Configurable:
+        """Instantiate from `get_config` output."""
+        params = dict(config)
+        codec_id = params.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise cls.config_error(f"config for codec {codec_id!r} given to codec {cls.codec_id!r}")
+        try:
+            return cls(**params)
+        except TypeError as exc:
+            raise cls.config_error(f"bad config for codec {cls.codec_id!r}: {exc}") from None
+
+
+class Codec(Configurable):
     """Encodes one `KVBlock` to bytes and back.
 
     Subclasses set the class attributes, keep their parameters as public instance attributes
@@ -94,18 +121,6 @@ class Codec(ABC):
         """JSON-safe parameters, ``"id"`` first."""
         params = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return {"id": self.codec_id, **params}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Codec:
-        """Instantiate from `get_config` output."""
-        params = dict(config)
-        codec_id = params.pop("id", cls.codec_id)
-        if codec_id != cls.codec_id:
-            raise CodecError(f"config for codec {codec_id!r} given to codec {cls.codec_id!r}")
-        try:
-            return cls(**params)
-        except TypeError as exc:
-            raise CodecError(f"bad config for codec {cls.codec_id!r}: {exc}") from exc
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Codec):

@@ -13,12 +13,7 @@ from seqkv_codecs.errors import CodecError, CorruptStreamError, UnknownCodecErro
 from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.kvblock import KVBlock, bf16_bits_to_float32, float32_to_bf16_bits
 from seqkv_codecs.pervector import LosslessCodec, RawCodec, Turbo3Codec
-from seqkv_codecs.registry import (
-    available_codecs,
-    get_codec,
-    pipeline_from_configs,
-    register_codec,
-)
+from seqkv_codecs.registry import available_codecs, get_codec, register_codec
 
 
 def _torch_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -119,14 +114,6 @@ def test_get_codec_from_config_and_bad_configs() -> None:
         get_codec({"id": "int8", "scale_dtype": "fp8"})
 
 
-def test_pipeline_from_configs_keeps_order() -> None:
-    pipeline = pipeline_from_configs(["lossless", {"id": "kivi2", "residual": 0}])
-    assert [c.get_config() for c in pipeline] == [
-        {"id": "lossless"},
-        {"id": "kivi2", "group_size": 32, "residual": 0},
-    ]
-
-
 def test_available_codecs_sorted_and_complete() -> None:
     ids = [cls.codec_id for cls in available_codecs()]
     assert ids == sorted(ids)
@@ -170,13 +157,13 @@ def plugin_env(tmp_path, monkeypatch):
         "broken = fake_seqkv_plugin:DoesNotExist\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
-    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry.CODECS, "_classes", dict(registry.CODECS._classes))
+    monkeypatch.setattr(registry.CODECS, "_entry_points_loaded", False)
 
 
 def test_entry_point_codecs_load_lazily(plugin_env) -> None:
     get_codec("lossless")
-    assert not registry._entry_points_loaded  # a hit never reads entry points
+    assert not registry.CODECS._entry_points_loaded  # a hit never reads entry points
     with pytest.warns(UserWarning, match="'broken'"):
         codec = get_codec("plugin_raw")
     block = make_block("bf16", "key", seq_len=3)
