@@ -8,12 +8,7 @@ The library knows nothing about the CLI or about loading models; it works on num
 from seqkv_codecs.base import Codec
 from seqkv_codecs.errors import CodecError, CorruptStreamError, UnknownCodecError
 from seqkv_codecs.kvblock import KVBlock
-from seqkv_codecs.registry import (
-    available_codecs,
-    get_codec,
-    pipeline_from_configs,
-    register_codec,
-)
+from seqkv_codecs.registry import available_codecs, get_codec, register_codec
 
 __all__ = [
     "Codec",
@@ -23,6 +18,5 @@ __all__ = [
     "UnknownCodecError",
     "available_codecs",
     "get_codec",
-    "pipeline_from_configs",
     "register_codec",
 ]

@@ -20,19 +20,19 @@ width 1, 2, ..., max_bits in position order; then a CRC32 of everything before i
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from seqkv_codecs.entropy import decode_symbols, encode_symbols
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.framing import StreamReader, part, with_crc32
 
 MAGIC = b"SKAQ"
 VERSION = 1
 MAX_BITS = 8
 _HEAD = struct.Struct("<4sBBHIII")
-_U32 = struct.Struct("<I")
+_FIELDS = "<BHIII"  # _HEAD after its magic and version
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -97,8 +97,7 @@ def quantize(residual: np.ndarray, bits: np.ndarray, vector_len: int, max_bits: 
         codes = np.clip(np.rint(kept[rows] * inv[rows] * half), -half, half) + half
         sections.append(_symbols(codes.astype(np.int64).ravel(), 2 * half + 1))
     out = _HEAD.pack(MAGIC, VERSION, max_bits, 0, n, m, vector_len)
-    out += b"".join(_U32.pack(len(s)) + s for s in sections)
-    return out + _U32.pack(zlib.crc32(out))
+    return with_crc32(out + b"".join(part(s) for s in sections))
 
 
 def _symbols(values: np.ndarray, alphabet: int) -> bytes:
@@ -107,25 +106,15 @@ def _symbols(values: np.ndarray, alphabet: int) -> bytes:
 
 def dequantize(data: bytes, *, max_positions: int | None = None) -> Dequantized:
     """Decode a :func:`quantize` stream; any damage raises ``CorruptStreamError``."""
-    buf = bytes(data)
-    if len(buf) < _HEAD.size + _U32.size or zlib.crc32(buf[:-4]) != _U32.unpack(buf[-4:])[0]:
-        raise CorruptStreamError("residual stream is truncated or failed its CRC")
-    magic, version, max_bits, reserved, n, m, vlen = _HEAD.unpack_from(buf)
-    if magic != MAGIC or version != VERSION:
-        raise CorruptStreamError(f"not a version-{VERSION} residual stream (magic {magic!r})")
+    reader = StreamReader(data, "residual", trailing_crc32=True)
+    reader.opening(MAGIC, (VERSION,))
+    max_bits, reserved, n, m, vlen = reader.unpack(_FIELDS)
     if max_bits > MAX_BITS or reserved or vlen == 0 or m % vlen:
         raise CorruptStreamError("residual stream header is invalid")
     if max_positions is not None and n > max_positions:
         raise CorruptStreamError(f"residual stream holds {n} positions, expected {max_positions}")
-    sections, offset = [], _HEAD.size
-    for _ in range(max_bits + 3):
-        if offset + 4 > len(buf) - 4:
-            raise CorruptStreamError("residual stream is truncated inside its section table")
-        (length,) = _U32.unpack_from(buf, offset)
-        sections.append(buf[offset + 4 : offset + 4 + length])
-        offset += 4 + length
-    if offset != len(buf) - 4:
-        raise CorruptStreamError("residual stream sections do not fill the stream")
+    sections = reader.parts(max_bits + 3)
+    reader.finish()
     bits = _decode(sections[0], n, "bits").astype(np.uint8)
     if bits.size and bits.max() > max_bits:
         raise CorruptStreamError("residual stream has a bit width above its max_bits")

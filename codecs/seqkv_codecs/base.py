@@ -1,4 +1,5 @@
-"""The `Codec` base class (numcodecs-style) and the 13-byte header every KV codec stream opens with.
+"""The `Codec` base class (numcodecs-style) and the 13-byte header every KV codec stream opens with;
+`Configurable`, the config round trip it shares with seqkv's session codecs.
 
 A codec turns one `KVBlock` into bytes and back. Its configuration is a JSON-safe dict with an
 ``"id"``; a pipeline is a list of such dicts, stored in the container so that every file says
@@ -22,12 +23,12 @@ import struct
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
-
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.kvblock import KINDS, STORAGE_DTYPES, KVBlock
 
 _HEADER = struct.Struct("<2sBBBHIH")
+_FIELDS = "<BBHIH"  # _HEADER after its magic and version
 _DTYPES = tuple(STORAGE_DTYPES)
 
 
@@ -40,53 +41,33 @@ class StreamHeader(NamedTuple):
     shape: tuple[int, int, int]
 
 
-class StreamReader:
-    """Reads a codec stream front to back; every shortfall becomes a `CorruptStreamError`."""
+class Configurable(ABC):
+    """A coder whose parameters form a JSON-safe config dict with an ``"id"`` (numcodecs-style):
+    `get_config` writes it, `from_config` makes the coder again. Shared by the codec library's
+    codecs and seqkv's session codecs, which differ only in the error a bad config raises."""
 
-    def __init__(self, data: bytes | memoryview, what: str) -> None:
-        self._buf = memoryview(data).cast("B")
-        self._pos = 0
-        self._what = what
+    codec_id: ClassVar[str]
+    #: what `from_config` raises for a config this class cannot take
+    config_error: ClassVar[type[Exception]] = CodecError
 
-    def take(self, n: int) -> memoryview:
-        """The next ``n`` bytes."""
-        if n < 0 or self._pos + n > len(self._buf):
-            raise CorruptStreamError(
-                f"{self._what} stream is truncated: needs {n} bytes at offset {self._pos}, "
-                f"only {len(self._buf) - self._pos} left"
-            )
-        out = self._buf[self._pos : self._pos + n]
-        self._pos += n
-        return out
+    @abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """JSON-safe parameters, ``"id"`` first."""
 
-    def unpack(self, fmt: str) -> tuple[Any, ...]:
-        """The next fixed-size fields, `struct` format ``fmt`` (give the byte order)."""
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
-
-    def array(self, dtype: str, count: int) -> np.ndarray:
-        """The next ``count`` elements of little-endian ``dtype`` (e.g. ``"<f2"``), as a copy."""
-        dt = np.dtype(dtype)
-        return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).copy()
-
-    def section(self) -> memoryview:
-        """A length-prefixed section: uint32 byte count, then the bytes."""
-        (n,) = self.unpack("<I")
-        return self.take(n)
-
-    def finish(self) -> None:
-        """Trailing bytes mean the stream is not what the header says it is."""
-        if self._pos != len(self._buf):
-            raise CorruptStreamError(
-                f"{self._what} stream has {len(self._buf) - self._pos} unexpected trailing bytes"
-            )
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Configurable:
+        """Instantiate from `get_config` output."""
+        params = dict(config)
+        codec_id = params.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise cls.config_error(f"config for codec {codec_id!r} given to codec {cls.codec_id!r}")
+        try:
+            return cls(**params)
+        except TypeError as exc:
+            raise cls.config_error(f"bad config for codec {cls.codec_id!r}: {exc}") from None
 
 
-def section(payload: bytes) -> bytes:
-    """Frame ``payload`` as a section that `StreamReader.section` reads back."""
-    return struct.pack("<I", len(payload)) + payload
-
-
-class Codec(ABC):
+class Codec(Configurable):
     """Encodes one `KVBlock` to bytes and back.
 
     Subclasses set the class attributes, keep their parameters as public instance attributes
@@ -141,18 +122,6 @@ class Codec(ABC):
         params = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return {"id": self.codec_id, **params}
 
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Codec:
-        """Instantiate from `get_config` output."""
-        params = dict(config)
-        codec_id = params.pop("id", cls.codec_id)
-        if codec_id != cls.codec_id:
-            raise CodecError(f"config for codec {codec_id!r} given to codec {cls.codec_id!r}")
-        try:
-            return cls(**params)
-        except TypeError as exc:
-            raise CodecError(f"bad config for codec {cls.codec_id!r}: {exc}") from exc
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Codec):
             return NotImplemented
@@ -182,17 +151,9 @@ class Codec(ABC):
 
     def _open(self, data: bytes | memoryview) -> tuple[StreamReader, StreamHeader]:
         """Check the header of ``data``; returns a reader positioned after it."""
-        reader = StreamReader(data, self.codec_id)
-        magic, version, dtype, kind, heads, seq_len, head_dim = reader.unpack(_HEADER.format)
-        if magic != self.stream_magic:
-            raise CorruptStreamError(
-                f"not a {self.codec_id!r} stream: magic {magic!r}, expected {self.stream_magic!r}"
-            )
-        if version != self.stream_version:
-            raise CorruptStreamError(
-                f"{self.codec_id!r} stream version {version} is not supported "
-                f"(this seqkv reads version {self.stream_version})"
-            )
+        reader = StreamReader(data, repr(self.codec_id))
+        version = reader.opening(self.stream_magic, (self.stream_version,))
+        dtype, kind, heads, seq_len, head_dim = reader.unpack(_FIELDS)
         if dtype >= len(_DTYPES) or kind >= len(KINDS) or heads == 0 or head_dim == 0:
             raise CorruptStreamError(f"{self.codec_id!r} stream header is malformed")
         return reader, StreamHeader(

@@ -18,10 +18,11 @@ import struct
 import numpy as np
 
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader, part
 
 MAGIC = b"SKR1"
 _HEAD = struct.Struct("<4sBBBBQQ")
-_LEN = struct.Struct("<I")
+_FIELDS = "<BBBQQ"  # _HEAD after its magic and version
 _UINT = {2: np.uint16, 4: np.uint32}
 
 
@@ -39,13 +40,13 @@ def encode_residual(captured: np.ndarray, recomputed: np.ndarray) -> bytes:
     planes = 0 if z == 0 else (int(zig.max()).bit_length() + 15) // 16
     out = [_HEAD.pack(MAGIC, 1, width, planes, 0, diff.size, z)]
     if z:
-        for stream in [encode_symbols(nonzero.astype(np.uint8), 2)] + [
+        streams = [encode_symbols(nonzero.astype(np.uint8), 2)] + [
             encode_symbols(
                 ((zig >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.uint16), 65536
             )
             for j in range(planes)
-        ]:
-            out += [_LEN.pack(len(stream)), stream]
+        ]
+        out += [part(stream) for stream in streams]
     return b"".join(out)
 
 
@@ -57,24 +58,17 @@ def apply_residual(data: bytes, recomputed: np.ndarray) -> np.ndarray:
     """Captured bit patterns = recomputed + residual."""
     from seqkv_codecs.entropy import decode_symbols
 
-    if len(data) < _HEAD.size:
-        raise CorruptStreamError("residual stream shorter than its header")
-    magic, version, width, planes, _, n, z = _HEAD.unpack_from(data)
-    if magic != MAGIC or version != 1 or width != recomputed.dtype.itemsize:
+    reader = StreamReader(data, "residual")
+    reader.opening(MAGIC, (1,))
+    width, planes, _, n, z = reader.unpack(_FIELDS)
+    if width != recomputed.dtype.itemsize:
         raise CorruptStreamError("not a residual stream of this element type")
     if n != recomputed.size or z > n or planes > 3:
         raise CorruptStreamError("residual stream does not match the recomputed K/V")
     flat = recomputed.astype(np.int64).ravel()
     if z:
-        streams, pos = [], _HEAD.size
-        for _ in range(1 + planes):
-            if pos + _LEN.size > len(data):
-                raise CorruptStreamError("residual stream truncated")
-            (length,) = _LEN.unpack_from(data, pos)
-            streams.append(data[pos + _LEN.size : pos + _LEN.size + length])
-            pos += _LEN.size + length
-        if pos != len(data):
-            raise CorruptStreamError("residual stream has trailing or missing bytes")
+        streams = reader.parts(1 + planes)
+        reader.finish()
         mask = decode_symbols(streams[0], max_symbols=n).astype(bool)
         zig = np.zeros(z, np.uint64)
         for j, s in enumerate(streams[1:]):
@@ -88,8 +82,8 @@ def apply_residual(data: bytes, recomputed: np.ndarray) -> np.ndarray:
             zig % 2 == 0, (zig // 2).astype(np.int64), -((zig + 1) // 2).astype(np.int64)
         )
         flat[mask] += signed
-    elif len(data) != _HEAD.size:
-        raise CorruptStreamError("empty residual stream has trailing bytes")
+    else:
+        reader.finish()
     if flat.min(initial=0) < 0 or flat.max(initial=0) >= 1 << (8 * width):
         raise CorruptStreamError("residual moves a value out of range")
     return flat.astype(_UINT[width]).reshape(recomputed.shape)
@@ -102,6 +96,7 @@ def apply_residual(data: bytes, recomputed: np.ndarray) -> np.ndarray:
 BASED_MAGIC = b"SKB1"
 ROUNDING_MAGIC = b"SKR2"  # seqkv_codecs.rounding_residual.MAGIC (which imports nothing here)
 _BASED = struct.Struct("<4sBBHII")  # magic, version 1, reserved u8, u16; base local, p
+_BASED_FIELDS = "<BHII"  # _BASED after its magic and version
 
 
 def encode_based(base_local: int, positions: int, inner: bytes) -> bytes:
@@ -112,12 +107,12 @@ def encode_based(base_local: int, positions: int, inner: bytes) -> bytes:
 
 def parse_based(data: bytes) -> tuple[int, int, bytes]:
     """(base session's local index, shared positions, the inner SKR1 stream)."""
-    if len(data) < _BASED.size:
-        raise CorruptStreamError("based residual stream shorter than its header")
-    magic, version, r1, r2, base, positions = _BASED.unpack_from(data)
-    if magic != BASED_MAGIC or version != 1 or r1 or r2:
+    reader = StreamReader(data, "based residual")
+    reader.opening(BASED_MAGIC, (1,))
+    r1, r2, base, positions = reader.unpack(_BASED_FIELDS)
+    if r1 or r2:
         raise CorruptStreamError("not a based residual stream of version 1")
-    inner = data[_BASED.size :]
+    inner = bytes(reader.rest())
     if inner[:4] not in (MAGIC, ROUNDING_MAGIC):
         raise CorruptStreamError("based residual stream does not hold an exact residual")
     return base, positions, inner

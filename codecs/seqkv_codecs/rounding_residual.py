@@ -35,7 +35,9 @@ import struct
 
 import numpy as np
 
+from seqkv_codecs.bits import BitReader, BitWriter, bit_length
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.varint import decode_varint, encode_varint
 
 MAGIC = b"SKR2"
@@ -43,8 +45,7 @@ VERSION = 2  # written; version 1 is read
 _HEAD = struct.Struct("<4sBB")  # magic, version, dtype code; version 2: sizes, varints n, z
 SIZES_UNARY, SIZES_RANS = 0, 1  # version 2: how the bit lengths of the differences are coded
 _RANS_FROM = 64  # differences from which a rANS table of their bit lengths may pay for itself
-_HEAD_V1 = struct.Struct("<4sBBHQQ")  # magic, version, dtype code, reserved, n, nonzero count
-_LEN = struct.Struct("<I")
+_FIELDS_V1 = "<HQQ"  # version 1, after magic, version and dtype code: reserved, n, nonzero count
 DTYPES = ("bf16", "fp16", "fp32")
 _UINT = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
 CONTEXTS = 64  # c in 0..63: the row-relative distance from 2**-63 up to 1 and above
@@ -115,10 +116,10 @@ def encode_rounding_residual(captured: np.ndarray, recomputed: np.ndarray, dtype
     present = [c for c in range(CONTEXTS) if (ctx == c).any()]
     hits_of = {c: nonzero[ctx == c] for c in present}
     u = _signed_to_code(diff[nonzero] * toward[nonzero])
-    lengths = _bit_length(u)
+    lengths = bit_length(u)
 
     def stream(sizes: int) -> bytes:
-        bits = _BitWriter()
+        bits = BitWriter("lsb")
         bits.gamma(np.array([int(hits_of[c].sum()) for c in present], np.int64))
         for c in present:
             hits = hits_of[c]
@@ -141,42 +142,53 @@ def encode_rounding_residual(captured: np.ndarray, recomputed: np.ndarray, dtype
 
 def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
     """Captured bit patterns (shape of `recomputed`) = rounded recompute + the residual."""
-    from seqkv_codecs.entropy import decode_symbols
-
-    if len(data) < _HEAD.size + 1:
-        raise CorruptStreamError("rounding residual shorter than its header")
-    magic, version, code = _HEAD.unpack_from(data)
-    if magic != MAGIC or version not in (1, VERSION) or code >= len(DTYPES):
-        raise CorruptStreamError("not a rounding residual stream of version 1 or 2")
+    reader = StreamReader(data, "rounding residual")
+    version = reader.opening(MAGIC, (1, VERSION))
+    (code,) = reader.unpack("<B")
+    if code >= len(DTYPES):
+        raise CorruptStreamError(f"rounding residual for an unknown dtype (code {code})")
     if DTYPES[code] != dtype:
         raise CorruptStreamError(f"rounding residual for {DTYPES[code]}, the session is {dtype}")
     if version == 1:
-        return _apply_v1(data, recomputed, dtype)
-    if len(data) < _HEAD.size + 3 or data[_HEAD.size] not in (SIZES_UNARY, SIZES_RANS):
-        raise CorruptStreamError("rounding residual of version 2 with an unknown size coding")
-    sizes = data[_HEAD.size]
-    n, pos = decode_varint(data, _HEAD.size + 1)
-    z, pos = decode_varint(data, pos)
+        reserved, n, z = reader.unpack(_FIELDS_V1)
+        if reserved:
+            raise CorruptStreamError("not a rounding residual stream of version 1")
+    else:
+        (sizes,) = reader.unpack("<B")
+        if sizes not in (SIZES_UNARY, SIZES_RANS):
+            raise CorruptStreamError("rounding residual of version 2 with an unknown size coding")
+        n, z = reader.varint(), reader.varint()
     if n != recomputed.size or z > n:
         raise CorruptStreamError("rounding residual does not match the recomputed K/V")
     base, toward, ctx = contexts(recomputed, dtype)
     flat = base.astype(np.int64)
-    if not z:
-        if pos != len(data):
-            raise CorruptStreamError("empty rounding residual has trailing bytes")
-        return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
-    table = b""
-    if sizes == SIZES_RANS:
-        length, pos = decode_varint(data, pos)
-        table, pos = data[pos : pos + length], pos + length
-        if len(table) != length:
-            raise CorruptStreamError("rounding residual truncated")
-    bits = _BitReader(data[pos:])
+    if z:
+        if version == 1:
+            nonzero, steps = _differences_v1(reader, ctx, z, _offset(dtype))
+        else:
+            nonzero, steps = _differences(reader, sizes, ctx, z)
+        flat[nonzero] += steps * toward[nonzero]
+    else:
+        reader.finish()
+    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
+        raise CorruptStreamError("rounding residual moves a value out of range")
+    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+
+
+def _differences(
+    reader: StreamReader, sizes: int, ctx: np.ndarray, z: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Version 2: which elements differ (a mask) and by how many steps toward the nearer
+    neighbour, from the stream after its header."""
+    from seqkv_codecs.entropy import decode_symbols
+
+    table = reader.take(reader.varint()) if sizes == SIZES_RANS else b""
+    bits = BitReader(reader.rest(), "lsb", "rounding residual bits")
     where_of = [w for w in (np.flatnonzero(ctx == c) for c in range(CONTEXTS)) if w.size]
-    counts = bits.gamma(len(where_of))
+    counts = bits.gamma(len(where_of), MAX_LENGTH).astype(np.int64)
     if int(counts.sum()) != z or any(k > w.size for k, w in zip(counts, where_of, strict=True)):
         raise CorruptStreamError("rounding residual counts do not add up to its header")
-    nonzero = np.zeros(n, bool)
+    nonzero = np.zeros(ctx.size, bool)
     for k, where in zip(counts, where_of, strict=True):
         nonzero[where] = _read_positions(bits, where.size, int(k))
     if sizes == SIZES_UNARY:
@@ -187,38 +199,23 @@ def apply_rounding_residual(data: bytes, recomputed: np.ndarray, dtype: str) -> 
             raise CorruptStreamError("rounding residual has the wrong number of differences")
     if lengths.max(initial=0) > MAX_LENGTH:
         raise CorruptStreamError("rounding residual holds a difference too large for it")
-    low = bits.varying(np.maximum(lengths - 1, 0))
+    low = bits.varying(np.maximum(lengths - 1, 0)).astype(np.int64)
     steps = _code_to_signed(
         np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0) | low
     )
     bits.finish()
-    flat[nonzero] += steps * toward[nonzero]
-    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
-        raise CorruptStreamError("rounding residual moves a value out of range")
-    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+    return nonzero, steps
 
 
-def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
-    """Version 1 (seqkv 0.2): u64 header fields, varint counts, rANS buckets of the sizes."""
+def _differences_v1(
+    reader: StreamReader, ctx: np.ndarray, z: int, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Version 1 (seqkv 0.2): varint counts and rANS buckets of the sizes in two parts."""
     from seqkv_codecs.entropy import decode_symbols
 
-    if len(data) < _HEAD_V1.size:
-        raise CorruptStreamError("rounding residual shorter than its header")
-    _, _, _, reserved, n, z = _HEAD_V1.unpack_from(data)
-    if reserved:
-        raise CorruptStreamError("not a rounding residual stream of version 1")
-    if n != recomputed.size or z > n:
-        raise CorruptStreamError("rounding residual does not match the recomputed K/V")
-    base, toward, ctx = contexts(recomputed, dtype)
-    flat = base.astype(np.int64)
-    if not z:
-        if len(data) != _HEAD_V1.size:
-            raise CorruptStreamError("empty rounding residual has trailing bytes")
-        return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
-    counts, pos = _blob(data, _HEAD_V1.size)
-    buckets, pos = _blob(data, pos)
-    bits = _BitReader(data[pos:])
-    nonzero = np.zeros(n, bool)
+    counts, buckets = reader.parts(2)
+    bits = BitReader(reader.rest(), "lsb", "rounding residual bits")
+    nonzero = np.zeros(ctx.size, bool)
     at = 0
     for c in range(CONTEXTS):
         where = np.flatnonzero(ctx == c)
@@ -237,12 +234,9 @@ def _apply_v1(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
     for b in range(2, BUCKETS):
         sel = lengths == b
         if sel.any():
-            u[sel] |= bits.fixed(int(sel.sum()), b - 1)
+            u[sel] |= bits.fixed(int(sel.sum()), b - 1).astype(np.int64)
     bits.finish()
-    flat[nonzero] += (_unzigzag(u) + _offset(dtype)) * toward[nonzero]
-    if flat.min(initial=0) < 0 or flat.max(initial=0) > int(np.iinfo(_UINT[dtype]).max):
-        raise CorruptStreamError("rounding residual moves a value out of range")
-    return flat.astype(_UINT[dtype]).reshape(recomputed.shape)
+    return nonzero, _unzigzag(u) + offset
 
 
 def _signed_to_code(steps: np.ndarray) -> np.ndarray:
@@ -264,21 +258,12 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return np.where(u % 2 == 0, u // 2, -(u + 1) // 2)
 
 
-def _bit_length(u: np.ndarray) -> np.ndarray:
-    out = np.zeros(u.shape, np.int64)
-    rest = u.copy()
-    while rest.any():
-        out += rest > 0
-        rest >>= 1
-    return out
-
-
 def _rice_parameter(n: int, m: int) -> int:
     """floor(log2(ln 2 * n / m)): near the best Rice code for gaps of mean n / m."""
     return max(0, (n * 710 // (1024 * m)).bit_length() - 1)
 
 
-def _write_positions(bits: _BitWriter, hits: np.ndarray, n: int, k: int) -> None:
+def _write_positions(bits: BitWriter, hits: np.ndarray, n: int, k: int) -> None:
     """Where the k hits of n lie: the gaps between the rarer class (hits or misses)."""
     if k == 0 or k == n:
         return
@@ -289,117 +274,15 @@ def _write_positions(bits: _BitWriter, hits: np.ndarray, n: int, k: int) -> None
     bits.fixed(gaps & ((1 << b) - 1), b)
 
 
-def _read_positions(bits: _BitReader, n: int, k: int) -> np.ndarray:
+def _read_positions(bits: BitReader, n: int, k: int) -> np.ndarray:
     if k == 0 or k == n:
         return np.full(n, k == n)
     m = min(k, n - k)
     b = _rice_parameter(n, m)
-    gaps = (bits.unary(m) << b) | bits.fixed(m, b)
+    gaps = (bits.unary(m) << b) | bits.fixed(m, b).astype(np.int64)
     rare = np.cumsum(gaps + 1) - 1
     if rare[-1] >= n:
         raise CorruptStreamError("rounding residual points past its context")
     out = np.zeros(n, bool)
     out[rare] = True
     return out if 2 * k <= n else ~out
-
-
-class _BitWriter:
-    """Bits in order, least significant first within a byte."""
-
-    def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
-
-    def unary(self, q: np.ndarray) -> None:
-        """Each value q as q zeros and a one."""
-        chunk = np.zeros(int(q.sum()) + q.size, np.uint8)
-        chunk[np.cumsum(q + 1) - 1] = 1
-        self._chunks.append(chunk)
-
-    def fixed(self, values: np.ndarray, width: int) -> None:
-        """Each value's low `width` bits, least significant first."""
-        if width:
-            shifts = np.arange(width, dtype=np.int64)
-            self._chunks.append(((values[:, None] >> shifts) & 1).astype(np.uint8).ravel())
-
-    def gamma(self, values: np.ndarray) -> None:
-        """Values >= 0 as their bit lengths L in unary, then (after all of them) the L - 1 bits
-        of each below its leading one, least significant first."""
-        lengths = _bit_length(values)
-        self.unary(lengths)
-        self.varying(values, np.maximum(lengths - 1, 0))
-
-    def varying(self, values: np.ndarray, widths: np.ndarray) -> None:
-        """Each value's low widths[i] bits, least significant first, one value after another."""
-        total = int(widths.sum())
-        if total:
-            owner = np.repeat(np.arange(values.size), widths)
-            shift = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
-            self._chunks.append(((values[owner] >> shift) & 1).astype(np.uint8))
-
-    def getvalue(self) -> bytes:
-        bits = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.uint8)
-        return np.packbits(bits, bitorder="little").tobytes()
-
-
-class _BitReader:
-    def __init__(self, data: bytes) -> None:
-        self._bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
-        self._pos = 0
-
-    def unary(self, m: int) -> np.ndarray:
-        if not m:
-            return np.zeros(0, np.int64)
-        ones = np.flatnonzero(self._bits[self._pos :])[:m]
-        if ones.size < m:
-            raise CorruptStreamError("rounding residual bits end inside a gap")
-        out = np.diff(ones, prepend=-1) - 1
-        self._pos += int(ones[-1]) + 1
-        return out.astype(np.int64)
-
-    def fixed(self, m: int, width: int) -> np.ndarray:
-        if not width:
-            return np.zeros(m, np.int64)
-        end = self._pos + m * width
-        if end > self._bits.size:
-            raise CorruptStreamError("rounding residual bits end early")
-        chunk = self._bits[self._pos : end].reshape(m, width).astype(np.int64)
-        self._pos = end
-        return (chunk << np.arange(width, dtype=np.int64)).sum(axis=1)
-
-    def gamma(self, m: int) -> np.ndarray:
-        lengths = self.unary(m)
-        if lengths.max(initial=0) > MAX_LENGTH:
-            raise CorruptStreamError("rounding residual holds a number too large for it")
-        low = self.varying(np.maximum(lengths - 1, 0))
-        top = np.where(lengths >= 1, np.int64(1) << np.maximum(lengths - 1, 0), 0)
-        return top | low
-
-    def varying(self, widths: np.ndarray) -> np.ndarray:
-        total = int(widths.sum())
-        out = np.zeros(widths.size, np.int64)
-        if not total:
-            return out
-        if self._pos + total > self._bits.size:
-            raise CorruptStreamError("rounding residual bits end early")
-        chunk = self._bits[self._pos : self._pos + total].astype(np.int64)
-        self._pos += total
-        owner = np.repeat(np.arange(widths.size), widths)
-        shift = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
-        np.add.at(out, owner, chunk << shift)
-        return out
-
-    def finish(self) -> None:
-        """The stream ends in its last byte, padded with zero bits."""
-        rest = self._bits[self._pos :]
-        if rest.size >= 8 or rest.any():
-            raise CorruptStreamError("rounding residual has trailing bits")
-
-
-def _blob(data: bytes, pos: int) -> tuple[bytes, int]:
-    if pos + _LEN.size > len(data):
-        raise CorruptStreamError("rounding residual truncated")
-    (length,) = _LEN.unpack_from(data, pos)
-    end = pos + _LEN.size + length
-    if end > len(data):
-        raise CorruptStreamError("rounding residual truncated")
-    return data[pos + _LEN.size : end], end

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqkv_codecs.bits import BitReader, BitWriter, bit_length
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 
 MAGIC = b"SKS1"
 WIDTH = 64
-BLOCK = 1 << 14  # values per (values, 64) bit matrix: ~10 MB of work arrays at most
 
 
 def encode_surprisal_delta(stored: np.ndarray, recomputed: np.ndarray) -> bytes:
@@ -35,7 +35,7 @@ def encode_surprisal_delta(stored: np.ndarray, recomputed: np.ndarray) -> bytes:
     if a.shape != b.shape:
         raise ValueError(f"{a.shape[0]} stored values against {b.shape[0]} recomputed")
     z = _zigzag(a - b)  # uint64 arithmetic wraps: the difference is exact mod 2^64
-    lengths = _bit_length(z)
+    lengths = bit_length(z)
     low = int(lengths.min()) if len(z) else 0
     width = int(lengths.max() - low).bit_length() if len(z) else 0
     fields = _pack((lengths - low).astype(np.uint64), np.full(len(z), width))
@@ -87,46 +87,16 @@ def _unzigzag(z: np.ndarray) -> np.ndarray:
     return (z >> np.uint64(1)) ^ (np.uint64(0) - (z & np.uint64(1)))
 
 
-def _bit_length(z: np.ndarray) -> np.ndarray:
-    out = np.zeros(z.shape, np.int64)
-    for shift in (32, 16, 8, 4, 2, 1):  # binary search on every element at once
-        big = (z >> np.uint64(shift)) > 0
-        out += big * shift
-        z = np.where(big, z >> np.uint64(shift), z)
-    return out + (z > 0)
-
-
-def _matrix(values: np.ndarray) -> np.ndarray:
-    """Each value's 64 bits, most significant first, one row per value."""
-    return np.unpackbits(values.astype(">u8").view(np.uint8).reshape(-1, 8), axis=1)
-
-
 def _pack(values: np.ndarray, widths: np.ndarray) -> bytes:
     """The low `widths[i]` bits of every value, concatenated MSB-first, padded to a byte."""
-    if not len(values):
-        return b""
-    bits = []
-    for at in range(0, len(values), BLOCK):  # (values, 64) matrices a block at a time
-        v, w = values[at : at + BLOCK], widths[at : at + BLOCK]
-        bits.append(_matrix(v)[np.arange(WIDTH)[None, :] >= WIDTH - w[:, None]])
-    return np.packbits(np.concatenate(bits)).tobytes()
+    bits = BitWriter("msb")
+    bits.varying(values, widths)
+    return bits.getvalue()
 
 
 def _unpack(data: bytes, pos: int, widths: np.ndarray, what: str) -> tuple[np.ndarray, int]:
-    total = int(widths.sum())
-    size = (total + 7) // 8
-    if pos + size > len(data):
-        raise CorruptStreamError(f"the surprisal stream ends inside its {what}")
-    bits = np.unpackbits(np.frombuffer(data, np.uint8, size, pos))
-    if bits[total:].any():
-        raise CorruptStreamError(f"the surprisal stream's {what} end in nonzero padding")
-    starts = np.cumsum(widths) - widths  # where each value's bits begin
-    cols = np.arange(WIDTH)[None, :]
-    values = np.zeros(len(widths), np.uint64)
-    for at in range(0, len(widths), BLOCK):
-        w, first = widths[at : at + BLOCK, None], starts[at : at + BLOCK, None]
-        keep = cols >= WIDTH - w
-        matrix = np.zeros((len(w), WIDTH), np.uint8)
-        matrix[keep] = bits[(first + cols - (WIDTH - w))[keep]]
-        values[at : at + BLOCK] = np.packbits(matrix, axis=1).view(">u8").reshape(-1)
+    size = (int(widths.sum()) + 7) // 8
+    bits = BitReader(data, "msb", f"the surprisal stream's {what}", start=pos, size=size)
+    values = bits.varying(widths)
+    bits.finish()
     return values, pos + size

@@ -19,11 +19,12 @@ import struct
 import numpy as np
 
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader, part
 from seqkv_codecs.kvblock import bf16_bits_to_float32, float32_to_bf16_bits
 
 MAGIC = b"SKT1"
 _HEAD = struct.Struct("<4sBBHdQQQ")
-_LEN = struct.Struct("<I")
+_FIELDS = "<BHdQQQ"  # _HEAD after its magic and version
 _DTYPES = ("bf16", "fp16", "fp32")
 _UINT = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
 
@@ -66,13 +67,13 @@ def encode_tolerance(captured: np.ndarray, recomputed: np.ndarray, dtype: str, e
     qs, esc = q[ok], captured.ravel()[far[~ok]]
     out = [_HEAD.pack(MAGIC, 1, _DTYPES.index(dtype), 0, eps, x.size, qs.size, esc.size)]
     if far.size:
-        out += _blob(encode_symbols(cls, 3))
+        out.append(part(encode_symbols(cls, 3)))
         zig = np.where(qs >= 0, 2 * qs, -2 * qs - 1).astype(np.uint64)
         planes = (int(zig.max(initial=0)).bit_length() + 15) // 16
         out.append(bytes([planes]))
         for j in range(planes):
             plane = ((zig >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.uint16)
-            out += _blob(encode_symbols(plane, 65536))
+            out.append(part(encode_symbols(plane, 65536)))
         out.append(esc.astype(esc.dtype.newbyteorder("<")).tobytes())
     return b"".join(out)
 
@@ -82,53 +83,36 @@ def is_empty(data: bytes) -> bool:
     return len(data) == _HEAD.size and sum(_HEAD.unpack_from(data)[6:]) == 0
 
 
-def _blob(data: bytes) -> list[bytes]:
-    return [_LEN.pack(len(data)), data]
-
-
 def apply_tolerance(data: bytes, recomputed: np.ndarray, dtype: str) -> np.ndarray:
     from seqkv_codecs.entropy import decode_symbols
 
-    if len(data) < _HEAD.size:
-        raise CorruptStreamError("tolerance residual shorter than its header")
-    magic, version, code, _, eps, n, nq, ne = _HEAD.unpack_from(data)
-    if magic != MAGIC or version != 1 or code >= 3 or _DTYPES[code] != dtype:
+    reader = StreamReader(data, "tolerance residual")
+    reader.opening(MAGIC, (1,))
+    code, _, eps, n, nq, ne = reader.unpack(_FIELDS)
+    if code >= 3 or _DTYPES[code] != dtype:
         raise CorruptStreamError("not a tolerance residual for this dtype")
     if n != recomputed.size or nq + ne > n or not eps > 0:
         raise CorruptStreamError("tolerance residual does not match the recomputed K/V")
     out = recomputed.ravel().copy()
     if nq + ne == 0:
-        if len(data) != _HEAD.size:
-            raise CorruptStreamError("tolerance residual has trailing bytes")
+        reader.finish()
         return out.reshape(recomputed.shape)
-    pos = _HEAD.size
-    cls, pos = _take_stream(data, pos, decode_symbols, n)
-    if pos >= len(data):
-        raise CorruptStreamError("tolerance residual truncated")
-    planes, pos = data[pos], pos + 1
+    cls = decode_symbols(reader.part(), max_symbols=n)
+    (planes,) = reader.unpack("<B")
     zig = np.zeros(nq, np.uint64)
     for j in range(planes):
-        plane, pos = _take_stream(data, pos, decode_symbols, nq)
+        plane = decode_symbols(reader.part(), max_symbols=nq)
         if plane.shape != (nq,):
             raise CorruptStreamError("tolerance residual plane has the wrong length")
         zig |= plane.astype(np.uint64) << np.uint64(16 * j)
     width = np.dtype(_UINT[dtype]).itemsize
-    if len(data) - pos != ne * width or cls.shape != (n,):
+    escaped = reader.rest()
+    if len(escaped) != ne * width or cls.shape != (n,):
         raise CorruptStreamError("tolerance residual has the wrong length")
     qi, ei = np.flatnonzero(cls == 1), np.flatnonzero(cls == 2)
     if qi.size != nq or ei.size != ne:
         raise CorruptStreamError("tolerance residual classes do not match their counts")
     q = np.where(zig % 2 == 0, (zig // 2).astype(np.int64), -((zig + 1) // 2).astype(np.int64))
     out[qi] = _quantized(to_float(out[qi], dtype), q, eps, dtype)
-    out[ei] = np.frombuffer(data, dtype=np.dtype(_UINT[dtype]).newbyteorder("<"), offset=pos)
+    out[ei] = np.frombuffer(escaped, dtype=np.dtype(_UINT[dtype]).newbyteorder("<"))
     return out.reshape(recomputed.shape)
-
-
-def _take_stream(data: bytes, pos: int, decode, max_symbols: int):
-    if pos + _LEN.size > len(data):
-        raise CorruptStreamError("tolerance residual truncated")
-    (length,) = _LEN.unpack_from(data, pos)
-    end = pos + _LEN.size + length
-    if end > len(data):
-        raise CorruptStreamError("tolerance residual truncated")
-    return decode(data[pos + _LEN.size : end], max_symbols=max_symbols), end

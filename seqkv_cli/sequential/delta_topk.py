@@ -155,6 +155,28 @@ class DeltaTopKCodec(SessionCodec):
         keys = ("k", "variant", "max_bits", "base", "slope", "precision_bits", "chunk_size")
         return {"id": self.codec_id, **{key: getattr(self, key) for key in keys}}
 
+    def encode_tokens(self, tokens, adapter):
+        """Token ids coded as seq's are: one stream under the model."""
+        from seqkv_codecs.sequential import encode_tokens_with_stats
+
+        data, stats = encode_tokens_with_stats(
+            tokens, adapter, precision_bits=self.precision_bits, chunk_size=self.chunk_size
+        )
+        return data, stats.ideal_bits
+
+    def decode_tokens_many(self, datas, adapter):
+        """Each stream on its own (the K/V come from the predictor, not from a track)."""
+        from seqkv_codecs.errors import CodecError
+        from seqkv_codecs.sequential import decode_tokens
+
+        out = []
+        for data in datas:
+            try:
+                out.append((decode_tokens(data, adapter), None))
+            except CodecError as exc:
+                out.append((exc, None))
+        return out
+
     def _bits(self, surprisal: torch.Tensor, vocab: int) -> np.ndarray:
         from seqkv_codecs.adaptive_quant import bits_from_surprisal
 
@@ -164,25 +186,19 @@ class DeltaTopKCodec(SessionCodec):
     def encode(self, cap: Capture, canon) -> EncodedSession:
         from seqkv_cli.sequential.adapter import CanonicalLogits
         from seqkv_codecs.adaptive_quant import quantize
-        from seqkv_codecs.sequential import encode_tokens_with_stats
 
         shape = (canon.num_kv_heads, cap.positions, canon.head_dim)
         if len(cap.keys) != canon.num_layers or any(t.shape != shape for t in cap.keys):
             raise SeqkvError(f"capture {cap.session_id} does not match the model's K/V shapes")
         tokens = cap.tokens.numpy().astype(np.int64)
-        data, stats = encode_tokens_with_stats(
-            tokens,
-            CanonicalLogits(canon),
-            precision_bits=self.precision_bits,
-            chunk_size=self.chunk_size,
-        )
+        data, ideal_bits = self.encode_tokens(tokens, CanonicalLogits(canon))
         pred = predict_kv(canon, tokens, k=self.k, variant=self.variant)
         actual = flatten_kv(cap.keys, cap.values)
         residual = actual - flatten_kv(pred.keys, pred.values)
         bits = self._bits(pred.surprisal, canon.vocab_size)
         delta = quantize(residual.numpy(), bits, canon.head_dim, self.max_bits)
         rel = float(residual.norm() / actual.norm().clamp_min(1e-30))
-        out = EncodedSession({"tokens.seq": data, "delta": delta}, stats.ideal_bits, len(delta))
+        out = EncodedSession({"tokens.seq": data, "delta": delta}, ideal_bits, len(delta))
         what = f"top-{self.k}" if self.variant == "topk" else "linear (expected embedding)"
         out.notes.append(
             f"{what} predictor: relative L2 error {rel:.4f} before the "
@@ -198,13 +214,14 @@ class DeltaTopKCodec(SessionCodec):
         from seqkv_cli.sequential.adapter import CanonicalLogits
         from seqkv_codecs.adaptive_quant import dequantize
         from seqkv_codecs.errors import CorruptStreamError
-        from seqkv_codecs.sequential import decode_tokens
 
         token_data, delta, n = read("tokens.seq"), read("delta"), entry["positions"]
         if token_data is None or delta is None:
             raise SeqkvError(f"session {entry['id']}: the token or delta stream is missing")
         deq = dequantize(delta, max_positions=n)  # before any model work: fail fast
-        tokens = decode_tokens(token_data, CanonicalLogits(canon))
+        [(tokens, _)] = self.decode_tokens_many([token_data], CanonicalLogits(canon))
+        if isinstance(tokens, Exception):
+            raise tokens
         if len(tokens) != n:
             raise SeqkvError(f"session {entry['id']}: {len(tokens)} tokens, header says {n}")
         pred = predict_kv(canon, tokens, k=self.k, variant=self.variant)

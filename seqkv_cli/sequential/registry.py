@@ -1,8 +1,8 @@
 """Which codecs exist and what each can do: the one place a codec id is looked up.
 
-Session codecs (sequential/session_codec.py) are found like the codec library's per-vector
-codecs (seqkv_codecs/registry.py): the built-ins below, plus third-party classes named in the
-``seqkv.session_codecs`` entry-point group::
+Session codecs (sequential/session_codec.py) are found by the codec library's one `Registry`
+(seqkv_codecs/registry.py), as its per-vector codecs are: the built-ins below, plus
+third-party classes named in the ``seqkv.session_codecs`` entry-point group::
 
     [project.entry-points."seqkv.session_codecs"]
     mycodec = "mypackage.mymodule:MySessionCodec"
@@ -14,14 +14,10 @@ and a codec's module is the only place that knows how it codes. Everything else 
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from seqkv_cli.errors import SeqkvError
-
-ENTRY_POINT_GROUP = "seqkv.session_codecs"
+from seqkv_codecs.registry import Registry
 
 #: id -> "module:Class" of the session codecs shipped with seqkv
 BUILTIN_SESSION_CODECS = {
@@ -30,8 +26,18 @@ BUILTIN_SESSION_CODECS = {
     "delta-topk": "seqkv_cli.sequential.delta_topk:DeltaTopKCodec",
 }
 
-_classes: dict[str, type] = {}
-_entry_points_loaded = False
+#: the session codecs; SessionCodec is named, not imported, so listing ids stays cheap
+SESSION_CODECS: Registry[type] = Registry(
+    "seqkv.session_codecs",
+    "seqkv_cli.sequential.session_codec:SessionCodec",
+    SeqkvError,
+    "session codec",
+    builtins=BUILTIN_SESSION_CODECS,
+)
+ENTRY_POINT_GROUP = SESSION_CODECS.group
+register_session_codec = SESSION_CODECS.register
+session_codec_class = SESSION_CODECS.lookup  # the class under an id, or None for any other
+session_codec_classes = SESSION_CODECS.classes  # built-ins first, then plugins by id
 
 
 @dataclass(frozen=True)
@@ -45,73 +51,11 @@ class Capabilities:
     lossless: bool  # restore is bit-exact
 
 
-def register_session_codec(cls: type) -> type:
-    """Make a SessionCodec subclass findable under its ``codec_id``; usable as a decorator."""
-    from seqkv_cli.sequential.session_codec import SessionCodec
-
-    if not (isinstance(cls, type) and issubclass(cls, SessionCodec)):
-        raise SeqkvError(f"{cls!r} is not a SessionCodec subclass")
-    codec_id = getattr(cls, "codec_id", None)
-    if not isinstance(codec_id, str) or not codec_id:
-        raise SeqkvError(f"{cls.__name__} has no codec_id")
-    known = _classes.get(codec_id)
-    if known is not None and known is not cls:
-        raise SeqkvError(f"session codec id {codec_id!r} is already taken by {known.__qualname__}")
-    _classes[codec_id] = cls
-    return cls
-
-
-def _load(target: str) -> type:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _load_entry_points() -> None:
-    """Third-party session codecs; one that fails to load is skipped with a warning."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _classes or ep.name in BUILTIN_SESSION_CODECS:
-            continue
-        try:
-            register_session_codec(ep.load())
-        except Exception as exc:  # a broken plugin must not take the built-ins down with it
-            warnings.warn(
-                f"session codec entry point {ep.name!r} ({ep.value}) failed to load: {exc}",
-                stacklevel=3,
-            )
-
-
-def session_codec_class(codec_id: str) -> type | None:
-    """The SessionCodec class registered under `codec_id`, or None for any other id."""
-    if codec_id in _classes:
-        return _classes[codec_id]
-    if codec_id in BUILTIN_SESSION_CODECS:
-        cls = _load(BUILTIN_SESSION_CODECS[codec_id])
-        if getattr(cls, "codec_id", None) != codec_id:
-            raise SeqkvError(f"{BUILTIN_SESSION_CODECS[codec_id]} does not declare id {codec_id}")
-        return register_session_codec(cls)
-    _load_entry_points()
-    return _classes.get(codec_id)
-
-
-def session_codec_classes() -> list[type]:
-    """Every session codec class, built-ins first, then plugins by id."""
-    _load_entry_points()
-    builtins = [session_codec_class(i) for i in BUILTIN_SESSION_CODECS]
-    plugins = [_classes[i] for i in sorted(_classes) if i not in BUILTIN_SESSION_CODECS]
-    return [*builtins, *plugins]
-
-
 def codec_ids() -> list[str]:
     """Every codec id compress accepts (session and per-vector), sorted."""
-    from seqkv_codecs.registry import available_codecs
+    from seqkv_codecs.registry import CODECS
 
-    _load_entry_points()
-    session = {*BUILTIN_SESSION_CODECS, *_classes}
-    return sorted([*session, *(c.codec_id for c in available_codecs())])
+    return sorted([*SESSION_CODECS.ids(), *CODECS.ids()])
 
 
 def resolve_codec(spec: str | dict):

@@ -20,6 +20,7 @@ Codecs are found through sequential/registry.py (built-ins and the
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from seqkv_cli.runtime.numerics import LEGACY as LEGACY_NUMERICS
 from seqkv_cli.runtime.numerics import check_path
 from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.sequential.surprisal_part import decode_surprisal_part, encode_surprisal_part
+from seqkv_codecs.base import Configurable
 
 RESIDUAL_MODES = ("lossless", "none")
 
@@ -69,9 +71,10 @@ def kv_from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(bits.view(signed).copy()).view(dtype)
 
 
-class SessionCodec:
+class SessionCodec(Configurable):
     codec_id: str
     description: str
+    config_error = SeqkvError
     typical_bits_per_component = None
     lossless = True
     # capabilities (see the module docstring)
@@ -115,22 +118,17 @@ class SessionCodec:
 
     @classmethod
     def from_config(cls, config: dict) -> SessionCodec:
-        args = {k: v for k, v in config.items() if k != "id"}
         # Files written before numeric paths were named were coded on the legacy forward.
-        args.setdefault("numerics", LEGACY_NUMERICS)
-        try:
-            return cls(**args)
-        except TypeError as exc:
-            raise SeqkvError(f"bad {cls.codec_id} config {config}: {exc}") from None
+        return super().from_config({"numerics": LEGACY_NUMERICS, **config})
 
     # -- to be provided by subclasses -------------------------------------------------------
+    @abstractmethod
     def encode_tokens(self, tokens: np.ndarray, adapter: CanonicalLogits) -> tuple[bytes, float]:
         """The token stream and its ideal cost in bits; feeds `adapter` along the way."""
-        raise NotImplementedError
 
+    @abstractmethod
     def decode_tokens_many(self, datas: list[bytes], adapter: CanonicalLogits) -> list:
         """Per stream: (tokens or the error that stopped it, the Track it fed or None)."""
-        raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------------
     def encode(self, cap: Capture, canon) -> EncodedSession:

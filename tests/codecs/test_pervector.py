@@ -19,9 +19,9 @@ from common import (
     special_block,
 )
 
-from seqkv_codecs.base import section
 from seqkv_codecs.entropy import encode_symbols
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.framing import part
 from seqkv_codecs.kvblock import KVBlock
 from seqkv_codecs.pervector import PERVECTOR_CODECS
 from seqkv_codecs.pervector._lloydmax import distortion
@@ -169,7 +169,7 @@ def test_lossless_rejects_a_copy_of_an_uncoded_vector() -> None:
     ordinals_at = flags_at + 4 + int(np.frombuffer(good, "<u4", 1, flags_at)[0])
     old_end = ordinals_at + 4 + int(np.frombuffer(good, "<u4", 1, ordinals_at)[0])
     # the one copy refers to ordinal 0; point it at ordinal 1, which is not coded before it
-    bad = good[:ordinals_at] + section(encode_symbols(np.array([1]), 2)) + good[old_end:]
+    bad = good[:ordinals_at] + part(encode_symbols(np.array([1]), 2)) + good[old_end:]
     with pytest.raises(CorruptStreamError, match="not coded yet"):
         get_codec("lossless").decode(bad)
 

@@ -8,16 +8,12 @@ import torch
 from common import make_block, make_kv
 
 from seqkv_codecs import registry
-from seqkv_codecs.base import Codec, StreamReader
+from seqkv_codecs.base import Codec
 from seqkv_codecs.errors import CodecError, CorruptStreamError, UnknownCodecError
+from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.kvblock import KVBlock, bf16_bits_to_float32, float32_to_bf16_bits
 from seqkv_codecs.pervector import LosslessCodec, RawCodec, Turbo3Codec
-from seqkv_codecs.registry import (
-    available_codecs,
-    get_codec,
-    pipeline_from_configs,
-    register_codec,
-)
+from seqkv_codecs.registry import available_codecs, get_codec, register_codec
 
 
 def _torch_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -92,7 +88,7 @@ def test_stream_header_is_checked() -> None:
 def test_stream_reader_errors_name_the_shortfall() -> None:
     reader = StreamReader(b"\x05\x00\x00\x00abc", "demo")
     with pytest.raises(CorruptStreamError, match="demo stream is truncated: needs 5 bytes"):
-        reader.section()
+        reader.part()
     reader = StreamReader(b"ab", "demo")
     reader.take(1)
     with pytest.raises(CorruptStreamError, match="1 unexpected trailing bytes"):
@@ -116,14 +112,6 @@ def test_get_codec_from_config_and_bad_configs() -> None:
         Turbo3Codec.from_config({"id": "turbo4"})
     with pytest.raises(ValueError, match="scale_dtype"):
         get_codec({"id": "int8", "scale_dtype": "fp8"})
-
-
-def test_pipeline_from_configs_keeps_order() -> None:
-    pipeline = pipeline_from_configs(["lossless", {"id": "kivi2", "residual": 0}])
-    assert [c.get_config() for c in pipeline] == [
-        {"id": "lossless"},
-        {"id": "kivi2", "group_size": 32, "residual": 0},
-    ]
 
 
 def test_available_codecs_sorted_and_complete() -> None:
@@ -169,13 +157,13 @@ def plugin_env(tmp_path, monkeypatch):
         "broken = fake_seqkv_plugin:DoesNotExist\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
-    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry.CODECS, "_classes", dict(registry.CODECS._classes))
+    monkeypatch.setattr(registry.CODECS, "_entry_points_loaded", False)
 
 
 def test_entry_point_codecs_load_lazily(plugin_env) -> None:
     get_codec("lossless")
-    assert not registry._entry_points_loaded  # a hit never reads entry points
+    assert not registry.CODECS._entry_points_loaded  # a hit never reads entry points
     with pytest.warns(UserWarning, match="'broken'"):
         codec = get_codec("plugin_raw")
     block = make_block("bf16", "key", seq_len=3)

@@ -15,6 +15,7 @@ from seqkv_cli.sequential import registry
 from seqkv_cli.sequential.session_codec import SessionCodec
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
+from seqkv_codecs import registry as codec_registry
 
 
 @pytest.mark.parametrize(
@@ -97,13 +98,17 @@ def plugin(monkeypatch):
     broken = importlib.metadata.EntryPoint(
         "broken-test", "seqkv_no_such_module:Codec", registry.ENTRY_POINT_GROUP
     )
+    installed = codec_registry.entry_points
     monkeypatch.setattr(
-        registry,
+        codec_registry,  # the one Registry reads entry points for both kinds of codec
         "entry_points",
-        lambda group: [good, broken] if group == registry.ENTRY_POINT_GROUP else [],
+        lambda group: (
+            [good, broken] if group == registry.ENTRY_POINT_GROUP else installed(group=group)
+        ),
     )
-    monkeypatch.setattr(registry, "_entry_points_loaded", False)
-    monkeypatch.setattr(registry, "_classes", dict(registry._classes))
+    sessions = registry.SESSION_CODECS
+    monkeypatch.setattr(sessions, "_entry_points_loaded", False)
+    monkeypatch.setattr(sessions, "_classes", dict(sessions._classes))
     return PlainTokens
 
 

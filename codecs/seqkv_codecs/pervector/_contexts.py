@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqkv_codecs.base import StreamReader
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader
 from seqkv_codecs.pervector._symbols import pack_symbols, unpack_symbols
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqkv_codecs.base import StreamReader
+from seqkv_codecs.framing import StreamReader
 
 #: dtype -> (exponent bits, mantissa bits)
 FIELDS: dict[str, tuple[int, int]] = {"bf16": (8, 7), "fp16": (5, 10), "fp32": (8, 23)}

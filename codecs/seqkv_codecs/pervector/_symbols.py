@@ -1,6 +1,6 @@
 """Entropy-coded symbol sections shared by the per-vector codecs.
 
-A symbol section is a `seqkv_codecs.base.section` (uint32 length + bytes) holding one
+A symbol section is a `seqkv_codecs.framing.part` (uint32 length + bytes) holding one
 `seqkv_codecs.entropy.encode_symbols` stream. The decoder knows how many symbols and which
 alphabet to expect from the codec's own layout, and checks both, so a stream that decodes
 "successfully" into the wrong number of symbols is still reported as corrupt.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqkv_codecs.base import StreamReader, section
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader, part
 
 
 def lanes_for(n: int) -> int:
@@ -28,7 +28,7 @@ def pack_symbols(symbols: np.ndarray, alphabet_size: int) -> bytes:
     from seqkv_codecs.entropy import encode_symbols  # lazy: keeps `import seqkv_codecs` light
 
     flat = np.ascontiguousarray(symbols).reshape(-1)
-    return section(encode_symbols(flat, alphabet_size, lanes=lanes_for(flat.size)))
+    return part(encode_symbols(flat, alphabet_size, lanes=lanes_for(flat.size)))
 
 
 def unpack_symbols(
@@ -42,7 +42,7 @@ def unpack_symbols(
     ``max_count`` when the count is not known in advance), all below ``alphabet_size``."""
     from seqkv_codecs.entropy import decode_symbols
 
-    payload = reader.section()
+    payload = reader.part()
     try:
         symbols = decode_symbols(payload, max_symbols=count if count is not None else max_count)
     except CorruptStreamError:

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqkv_codecs.base import Codec, section
+from seqkv_codecs.base import Codec
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.framing import part
 from seqkv_codecs.kvblock import KVBlock
 from seqkv_codecs.pervector._lossy import FP16_MAX, finite_float32, round_down, round_up
 from seqkv_codecs.pervector._symbols import pack_symbols, unpack_symbols
@@ -87,10 +88,10 @@ class _KiviCodec(Codec):
                 np.array([self.bits], "<u1").tobytes(),
                 np.array([g], "<u2").tobytes(),
                 np.array([block.shape[1] - n_q], "<u4").tobytes(),
-                section(codec.encode(_fp16_block(params[0], block.kind))),
-                section(codec.encode(_fp16_block(params[1], block.kind))),
+                part(codec.encode(_fp16_block(params[0], block.kind))),
+                part(codec.encode(_fp16_block(params[1], block.kind))),
                 pack_symbols(q, 2**self.bits),
-                section(codec.encode(_fp16_block(window, block.kind))),
+                part(codec.encode(_fp16_block(window, block.kind))),
             )
         )
 
@@ -103,13 +104,13 @@ class _KiviCodec(Codec):
         n_q = seq_len - w
         n_groups = -(-(n_q if head.kind == "key" else head_dim) // g)
         shape = (heads, n_groups, head_dim) if head.kind == "key" else (heads, n_q, n_groups)
-        lo, scale = (self._nested(reader.section(), shape) for _ in range(2))
+        lo, scale = (self._nested(reader.part(), shape) for _ in range(2))
         if head.kind == "key":
             lo, scale = lo.transpose(0, 2, 1), scale.transpose(0, 2, 1)
         length = n_q if head.kind == "key" else head_dim
         q_shape = (heads, head_dim, n_q) if head.kind == "key" else (heads, n_q, head_dim)
         q = unpack_symbols(reader, heads * n_q * head_dim, 2**bits, f"{self.codec_id} codes")
-        window = self._nested(reader.section(), (heads, w, head_dim))
+        window = self._nested(reader.part(), (heads, w, head_dim))
         reader.finish()
         s = np.repeat(scale, g, axis=2)[..., :length]
         m = np.repeat(lo, g, axis=2)[..., :length]

@@ -23,16 +23,17 @@ k token streams back to back, with nothing after them.
 from __future__ import annotations
 
 import struct
-import zlib
 
 from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader, with_crc32
 from seqkv_codecs.sequential.token_coder import assemble_token_stream, parse_token_stream
-from seqkv_codecs.varint import decode_varint, encode_varint
+from seqkv_codecs.varint import encode_varint
 
 MAGIC = b"SKPS"
 VERSION = 2  # written; 1 is still read
 MAX_CHUNKS = 256
 _HEAD = struct.Struct("<4sBBH")  # magic, version, (v1: reserved | v2: P), k
+_AFTER_VERSION = "<BH"  # _HEAD after its magic and version
 _SHARED = struct.Struct("<III")  # v2: V, N, C
 _LEN = struct.Struct("<I")
 _MAX_CHUNK_BYTES = 1 << 32
@@ -71,8 +72,7 @@ def pack_parallel(streams: list[bytes]) -> bytes:
         for _, chunks in parsed
         for _, _, payload, crc in chunks
     )
-    head += table
-    head += _LEN.pack(zlib.crc32(head))
+    head = with_crc32(head + table)
     return head + b"".join(payload for _, chunks in parsed for _, _, payload, _ in chunks)
 
 
@@ -82,42 +82,27 @@ def is_parallel(data: bytes | None) -> bool:
 
 def parse_parallel(data: bytes) -> list[bytes]:
     """The runs' token streams; every inconsistency of the framing is corrupt."""
-    buf = bytes(data)
-    if len(buf) < _HEAD.size:
-        raise CorruptStreamError(f"parallel token stream is truncated: {len(buf)} bytes")
-    magic, version, third, k = _HEAD.unpack_from(buf)
-    if magic != MAGIC:
-        raise CorruptStreamError(f"not a parallel token stream: magic {magic!r}")
-    if version not in (1, 2):
-        raise CorruptStreamError(
-            f"parallel token stream version {version} is not supported (only 1 and 2)"
-        )
+    reader = StreamReader(data, "parallel token")
+    version = reader.opening(MAGIC, (1, 2))
+    third, k = reader.unpack(_AFTER_VERSION)
     if not 1 <= k <= MAX_CHUNKS or (version == 1 and third):
         raise CorruptStreamError(f"parallel token stream header is invalid ({k} runs)")
-    return _parse_v1(buf, k) if version == 1 else _parse_v2(buf, third, k)
+    return _parse_v1(reader, k) if version == 1 else _parse_v2(reader, third, k)
 
 
-def _parse_v1(buf: bytes, k: int) -> list[bytes]:
-    table_end = _HEAD.size + k * _LEN.size
-    if len(buf) < table_end:
-        raise CorruptStreamError("parallel token stream is truncated inside its length table")
-    lengths = [_LEN.unpack_from(buf, _HEAD.size + j * _LEN.size)[0] for j in range(k)]
-    if any(n == 0 for n in lengths) or table_end + sum(lengths) != len(buf):
+def _parse_v1(reader: StreamReader, k: int) -> list[bytes]:
+    lengths = reader.unpack(f"<{k}I")
+    left = reader.left
+    if any(n == 0 for n in lengths) or sum(lengths) != left:
         raise CorruptStreamError(
             f"parallel token stream's run lengths ({sum(lengths)} bytes) do not match its "
-            f"{len(buf) - table_end} bytes of runs"
+            f"{left} bytes of runs"
         )
-    out, offset = [], table_end
-    for n in lengths:
-        out.append(buf[offset : offset + n])
-        offset += n
-    return out
+    return [bytes(reader.take(n)) for n in lengths]
 
 
-def _parse_v2(buf: bytes, precision: int, k: int) -> list[bytes]:
-    if len(buf) < _HEAD.size + _SHARED.size:
-        raise CorruptStreamError("parallel token stream is truncated inside its header")
-    vocab, n, size = _SHARED.unpack_from(buf, _HEAD.size)
+def _parse_v2(reader: StreamReader, precision: int, k: int) -> list[bytes]:
+    vocab, n, size = reader.unpack(_SHARED.format)
     runs_of_n = max(1, min(k, n))  # chunk_bounds' count: fewer tokens than runs is corrupt
     if size == 0 or not 1 <= vocab < 1 << precision <= 1 << 31 or runs_of_n != k:
         raise CorruptStreamError(
@@ -125,32 +110,26 @@ def _parse_v2(buf: bytes, precision: int, k: int) -> list[bytes]:
             f"C={size}, {k} runs)"
         )
     runs = chunk_bounds(n, k)
-    pos, table = _HEAD.size + _SHARED.size, []
+    table = []
     for a, b in runs:
         chunks = []
         for _ in range(a, b, size):
-            length, pos = decode_varint(buf, pos, max_bytes=5)
-            if pos + _LEN.size > len(buf):
-                raise CorruptStreamError("parallel token stream is truncated inside its table")
+            length = reader.varint(max_bytes=5)
+            (crc,) = reader.unpack("<I")
             if not 0 < length < _MAX_CHUNK_BYTES:
                 raise CorruptStreamError(f"parallel token stream names a {length}-byte chunk")
-            chunks.append((length, _LEN.unpack_from(buf, pos)[0]))
-            pos += _LEN.size
+            chunks.append((length, crc))
         table.append(chunks)
-    if pos + _LEN.size > len(buf) or zlib.crc32(buf[:pos]) != _LEN.unpack_from(buf, pos)[0]:
-        raise CorruptStreamError("parallel token stream header failed its CRC: it is damaged")
-    offset = pos + _LEN.size
+    reader.crc32()
     total = sum(length for chunks in table for length, _ in chunks)
-    if offset + total != len(buf):
+    left = reader.left
+    if total != left:
         raise CorruptStreamError(
             f"parallel token stream's chunks ({total} bytes) do not match its "
-            f"{len(buf) - offset} bytes of payload"
+            f"{left} bytes of payload"
         )
     out = []
     for (a, b), chunks in zip(runs, table, strict=True):
-        parts = []
-        for length, crc in chunks:
-            parts.append((buf[offset : offset + length], crc))
-            offset += length
+        parts = [(bytes(reader.take(length)), crc) for length, crc in chunks]
         out.append(assemble_token_stream(precision, vocab, b - a, size, parts))
     return out

@@ -23,6 +23,7 @@ from operator import index
 import numpy as np
 
 from seqkv_codecs.errors import CodecError, CorruptStreamError
+from seqkv_codecs.framing import StreamReader, with_crc32
 from seqkv_codecs.sequential.logits_model import LogitsModel, feed_checked
 from seqkv_codecs.sequential.probability import cumulative, frequencies_from_logits
 from seqkv_codecs.sequential.rangecoder import RangeDecoder, RangeEncoder
@@ -31,8 +32,8 @@ MAGIC = b"SKTK"
 VERSION = 1
 FIRST_TOKEN_UNIFORM = 0  # the only first-token coding of version 1
 _HEAD = struct.Struct("<4sBBBBIII")  # magic, version, P, first-token coding, reserved, V, N, C
+_FIELDS = "<BBBIII"  # _HEAD after its magic and version
 _ENTRY = struct.Struct("<II")  # payload length, CRC32 of the chunk's token ids
-_CRC = struct.Struct("<I")
 _U32 = (1 << 32) - 1
 # rows x V per frequency batch: a few rows keep the int64 tables in cache (profiled: a
 # 256-row batch ran 2.5x slower per row than 4 rows; values do not depend on the batching)
@@ -160,8 +161,7 @@ def assemble_token_stream(
         MAGIC, VERSION, precision_bits, FIRST_TOKEN_UNIFORM, 0, vocab, n_tokens, chunk_size
     )
     head += b"".join(_ENTRY.pack(len(payload), crc) for payload, crc in chunks)
-    head += _CRC.pack(zlib.crc32(head))
-    return head + b"".join(payload for payload, _ in chunks)
+    return with_crc32(head) + b"".join(payload for payload, _ in chunks)
 
 
 def encode_tokens(
@@ -181,22 +181,14 @@ def encode_tokens(
 
 def parse_token_stream(data: bytes) -> tuple[TokenStreamInfo, list[tuple[int, int, bytes, int]]]:
     """Header and (first, stop, payload, crc) per chunk; every inconsistency is corrupt."""
-    buf = bytes(data)
-    if len(buf) < _HEAD.size + _CRC.size:
-        raise CorruptStreamError(f"token stream is truncated: {len(buf)} bytes, less than a header")
-    magic, version, precision, first_coding, reserved, vocab, n, size = _HEAD.unpack_from(buf)
-    if magic != MAGIC:
-        raise CorruptStreamError(f"not a seqkv token stream: magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise CorruptStreamError(
-            f"token stream version {version} is not supported (only {VERSION})"
-        )
-    n_chunks = -(-n // size) if size else 0
-    table_end = _HEAD.size + n_chunks * _ENTRY.size
-    if size == 0 or len(buf) < table_end + _CRC.size:
-        raise CorruptStreamError("token stream is truncated or its chunk size is corrupt")
-    if zlib.crc32(buf[:table_end]) != _CRC.unpack_from(buf, table_end)[0]:
-        raise CorruptStreamError("token stream header failed its CRC: the stream is damaged")
+    reader = StreamReader(data, "token")
+    reader.opening(MAGIC, (VERSION,))
+    precision, first_coding, reserved, vocab, n, size = reader.unpack(_FIELDS)
+    if size == 0:
+        raise CorruptStreamError("token stream's chunk size is 0: it is corrupt")
+    n_chunks = -(-n // size)
+    table = reader.take(n_chunks * _ENTRY.size)
+    reader.crc32()
     if (
         first_coding != FIRST_TOKEN_UNIFORM
         or reserved
@@ -205,17 +197,14 @@ def parse_token_stream(data: bytes) -> tuple[TokenStreamInfo, list[tuple[int, in
         raise CorruptStreamError(
             f"token stream header is invalid (P={precision}, V={vocab}, first={first_coding})"
         )
-    chunks, offset = [], table_end + _CRC.size
-    for k in range(n_chunks):
-        length, crc = _ENTRY.unpack_from(buf, _HEAD.size + k * _ENTRY.size)
-        if length == 0 or offset + length > len(buf):
-            raise CorruptStreamError(f"token stream is truncated inside chunk {k}")
-        chunks.append((k * size, min(k * size + size, n), buf[offset : offset + length], crc))
-        offset += length
-    if offset != len(buf):
-        raise CorruptStreamError(f"token stream has {len(buf) - offset} bytes of trailing data")
-    head = table_end + _CRC.size
-    info = TokenStreamInfo(vocab, n, precision, size, n_chunks, len(buf) - head, head)
+    head = reader.position
+    chunks = []
+    for k, (length, crc) in enumerate(_ENTRY.iter_unpack(table)):
+        if length == 0:
+            raise CorruptStreamError(f"token stream names an empty chunk {k}")
+        chunks.append((k * size, min(k * size + size, n), bytes(reader.take(length)), crc))
+    reader.finish()
+    info = TokenStreamInfo(vocab, n, precision, size, n_chunks, reader.position - head, head)
     return info, chunks
 
 
