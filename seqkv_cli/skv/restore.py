@@ -50,7 +50,7 @@ class Archive:
             raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
         self.codec = resolve_codec(pipeline[0])
         if self.needs_model:  # from the file's own config: refuse a bad one in one line
-            from seqkv_cli.trie.decode import check_precision
+            from seqkv_cli.trie.node_source import check_precision
 
             try:
                 check_precision(getattr(self.codec, "precision_bits", 24))
@@ -262,7 +262,8 @@ class Archive:
             return SeqkvError(f"{self.path}: session {entry['id']}: {exc}")
 
     def _restore_paths(self, by_index: dict[int, dict]):
-        from seqkv_cli.trie.decode import DecodeStats, NodeSource, restore
+        from seqkv_cli.trie.decode import DecodeStats, restore
+        from seqkv_cli.trie.node_source import NodeSource
 
         reads = {i: self._session_reader(e) for i, e in by_index.items()}
         if self.needs_model:
