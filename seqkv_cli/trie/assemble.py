@@ -19,7 +19,7 @@ def session_capture(run, contents: TrieContents, s: int, entry: dict, read, cano
     try:
         keys, values, surprisal = session_kv(run, rec.end, DTYPES[entry["dtype"]], canon.num_layers)
         tokens = run.all_tokens(rec.end)
-        # residuals resting on another session are applied once it is restored (skv.restore)
+        # residuals resting on another session are applied once it is restored (skv/restore_trie.py)
         unrounded = unrounded_kv(run.track.state, run.start + rec.end)
         return finish_capture(
             entry, read, tokens, keys, values, surprisal, deferred={}, unrounded=unrounded
