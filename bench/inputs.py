@@ -30,16 +30,13 @@ def documents(chosen=SET) -> list:
 
 def capture_set(run: Run, max_tokens: int | None = None) -> list:
     """Canonical bf16 captures of the fixed set, written to files (CaptureResult each)."""
-    from seqkv_cli.kvcapture.api import capture_one, output_paths, plan_capture
+    from seqkv_cli.kvcapture.api import capture_planned, output_paths, plan_capture
 
     docs = documents()
     limit = max_tokens or (QUICK_TOKENS if run.quick else None)
     plan = plan_capture(run.lm, docs, max_tokens=limit)
     targets = output_paths(run.scratch("set"), docs)
-    return [
-        capture_one(run.lm, doc, ids, target, dtype="bf16", canonical=True)
-        for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True)
-    ]
+    return list(capture_planned(run.lm, plan, targets, dtype="bf16", canonical=True))
 
 
 def slice_capture(cap, n: int, session_id: str | None = None):

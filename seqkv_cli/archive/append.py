@@ -177,7 +177,7 @@ def _check_new(sources: list[Source], contents, header: dict, path) -> None:
 
 def _model_side(coder, contents, reader, model, header, path):
     """The canonical model (checked against the archive's) and a reader of node tokens."""
-    from seqkv_cli.trie.decode import NodeSource
+    from seqkv_cli.trie.node_source import NodeSource
     from seqkv_cli.trie.store import PartReader
 
     if not capabilities(coder).needs_canonical:

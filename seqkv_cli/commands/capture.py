@@ -125,7 +125,7 @@ def capture_command(
     numerics: NumericsOption = "portable",
 ) -> None:
     """Capture the KV cache, token ids and per-token surprisal of each input session."""
-    from seqkv_cli.kvcapture.api import capture_one, prepare_capture
+    from seqkv_cli.kvcapture.api import capture_planned, prepare_capture
 
     lm, plan, targets = prepare_capture(
         inputs,
@@ -145,23 +145,21 @@ def capture_command(
         table.add_column(col, justify="left" if col in ("session", "file") else "right")
     with token_progress() as bar:
         task = bar.add_task("capturing", total=plan.total_tokens)
-        for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True):
-            bar.update(task, description=f"capturing {shown(doc.id)}")
-            res = capture_one(
-                lm,
-                doc,
-                ids,
-                target,
-                dtype=dtype,
-                canonical=canonical,
-                on_progress=lambda n: bar.advance(task, n),
-                numerics=path,
-            )
+        for res in capture_planned(
+            lm,
+            plan,
+            targets,
+            dtype=dtype,
+            canonical=canonical,
+            numerics=path,
+            on_progress=lambda n: bar.advance(task, n),
+            on_start=lambda doc: bar.update(task, description=f"capturing {shown(doc.id)}"),
+        ):
             table.add_row(
-                shown(doc.id),
+                shown(res.document.id),
                 str(res.capture.positions),
                 f"{res.capture.log2_ppl:.3f}",
-                shown(target),
+                shown(res.path),
                 human_bytes(res.bytes_written),
             )
     console.print(table)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from types import TracebackType
-from typing import BinaryIO, Self
+from contextlib import AbstractContextManager
+from typing import BinaryIO
 
 from seqkv_cli.container.errors import ContainerError, TruncatedContainerError
 
 
-class OpenFile:
+class OpenFile(AbstractContextManager):
     """Opens `path` (one clear line if it cannot) and reads exact byte ranges from it."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -37,13 +37,5 @@ class OpenFile:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

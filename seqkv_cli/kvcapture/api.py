@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +131,34 @@ def capture_one(
     return CaptureResult(doc, cap, target, written)
 
 
+def capture_planned(
+    lm,
+    plan: Plan,
+    targets: list[Path | None],
+    *,
+    dtype: str,
+    canonical: bool,
+    numerics: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    on_start: Callable[[Document], None] | None = None,
+) -> Iterator[CaptureResult]:
+    """Capture `plan`'s sessions in order, each written to its target (if any) and yielded
+    as it is done; `on_start(document)` is told before each session runs."""
+    for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True):
+        if on_start is not None:
+            on_start(doc)
+        yield capture_one(
+            lm,
+            doc,
+            ids,
+            target,
+            dtype=dtype,
+            canonical=canonical,
+            on_progress=on_progress,
+            numerics=numerics,
+        )
+
+
 def capture(
     inputs: Sequence[str] | str,
     *,
@@ -150,16 +178,14 @@ def capture(
     lm, plan, targets = prepare_capture(
         inputs, model=model, out=out, dtype=dtype, max_tokens=max_tokens, truncate=truncate
     )
-    return [
-        capture_one(
+    return list(
+        capture_planned(
             lm,
-            doc,
-            ids,
-            target,
+            plan,
+            targets,
             dtype=dtype,
             canonical=canonical,
-            on_progress=on_progress,
             numerics=numerics,
+            on_progress=on_progress,
         )
-        for doc, ids, target in zip(plan.documents, plan.token_ids, targets, strict=True)
-    ]
+    )

@@ -64,10 +64,28 @@ def _surprisal(summaries: list[CodecSummary]) -> np.ndarray | None:
     return mean_curve(curves) if curves else None
 
 
+def _mean_curves(summaries):
+    """(codec summary, its bits per position averaged over its sessions) for each codec."""
+    for s in summaries:
+        yield s, mean_curve([r.curve for r in s.rows if r.curve is not None])
+
+
+def _finish(fig, xlabel: str, ylabel: str, title: str, log_y: bool = True):
+    """The axes every plot shares: labels, title, grid and legend (a log y axis)."""
+    [ax] = fig.axes
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="best", fontsize=9)
+    return fig
+
+
 def _cumulative(summaries, title: str, window: int):
     fig, ax = _figure()
-    for s in summaries:
-        curve = mean_curve([r.curve for r in s.rows if r.curve is not None])
+    for s, curve in _mean_curves(summaries):
         x = np.arange(1, len(curve) + 1)
         ax.plot(x, np.cumsum(curve), label=_label(s), linewidth=1.8)
     surprisal = _surprisal(summaries)
@@ -75,19 +93,17 @@ def _cumulative(summaries, title: str, window: int):
         cum = np.cumsum(np.nan_to_num(surprisal))
         cum[cum <= 0] = np.nan  # nothing spent before the second token: off a log axis
         ax.plot(np.arange(1, len(cum) + 1), cum, label="Σ surprisal (log2 PP bound)", **BOUND_STYLE)
-    ax.set_yscale("log")
-    ax.set_xlabel("token position (tokens of context)")
-    ax.set_ylabel("cumulative bits stored (log scale)")
-    ax.set_title(f"Cumulative bits vs position — {title}, mean over sessions")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
-    return fig
+    return _finish(
+        fig,
+        "token position (tokens of context)",
+        "cumulative bits stored (log scale)",
+        f"Cumulative bits vs position — {title}, mean over sessions",
+    )
 
 
 def _marginal(summaries, title: str, window: int):
     fig, ax = _figure()
-    for s in summaries:
-        curve = mean_curve([r.curve for r in s.rows if r.curve is not None])
+    for s, curve in _mean_curves(summaries):
         w = windows(curve, None, window)
         mid = [(x["start"] + x["end"] - 1) / 2 for x in w]
         ax.plot(mid, [x["bits_per_position"] for x in w], marker="o", ms=3, label=_label(s))
@@ -97,13 +113,12 @@ def _marginal(summaries, title: str, window: int):
         mid = [(x["start"] + x["end"] - 1) / 2 for x in w if x["surprisal"] is not None]
         ys = [x["surprisal"] for x in w if x["surprisal"] is not None]
         ax.plot(mid, ys, label="surprisal, -log2 P(token) (bound)", **BOUND_STYLE)
-    ax.set_yscale("log")
-    ax.set_xlabel(f"token position (window centre, {window} positions per window)")
-    ax.set_ylabel("marginal bits per position (log scale)")
-    ax.set_title(f"Marginal cost vs context length — {title}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
-    return fig
+    return _finish(
+        fig,
+        f"token position (window centre, {window} positions per window)",
+        "marginal bits per position (log scale)",
+        f"Marginal cost vs context length — {title}",
+    )
 
 
 def _rate_distortion(summaries, title: str, window: int):
@@ -133,14 +148,13 @@ def _rate_distortion(summaries, title: str, window: int):
         ax.text(0.5, 0.5, "no lossy codec in this report", transform=ax.transAxes, ha="center")
     ax.set_xscale("log")
     ax.margins(x=0.2)
-    if lossy:
-        ax.set_yscale("log")
-    ax.set_xlabel("bits per token position (log scale)")
-    ax.set_ylabel("attention-output relative L2 error")
-    ax.set_title(f"Rate-distortion of lossy codecs — {title}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
-    return fig
+    return _finish(
+        fig,
+        "bits per token position (log scale)",
+        "attention-output relative L2 error",
+        f"Rate-distortion of lossy codecs — {title}",
+        log_y=bool(lossy),
+    )
 
 
 def _slug(name: str) -> str:

@@ -25,15 +25,17 @@ def capture_and_code(
     out: Path,
     *,
     dtype: str,
+    numerics: str | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> tuple[CompressResult, list[CaptureResult]]:
-    """Write `plan`'s sessions as captures at `targets` and as a `seq` archive at `out`."""
+    """Write `plan`'s sessions as captures at `targets` and as a `seq` archive at `out`, on
+    the canonical path `numerics` (None: the default, as `seqkv capture`)."""
     from seqkv_cli.kvcapture.engine import canonical_model, provenance
     from seqkv_cli.sequential.registry import resolve_codec
     from seqkv_cli.skv.compress_trie import compress_sources
     from seqkv_cli.trie.sources import Source
 
-    path = canonical_model(lm).numeric_path
+    path = canonical_model(lm, numerics).numeric_path
 
     def meta(doc, ids) -> dict:  # what capture_one writes (session_id comes with the source)
         made = provenance(lm, dtype=dtype, numeric_path=path, positions=len(ids))

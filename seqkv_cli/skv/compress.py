@@ -78,9 +78,13 @@ def compress_captures(
         what = "--parallel runs" if getattr(coder, "parallel", 1) > 1 else coder.codec_id
         raise SeqkvError(f"{what} code each session on its own: use --layout flat (or auto)")
     if layout != "flat" and caps.trie_capable:
-        from seqkv_cli.skv.compress_trie import compress_trie
+        from seqkv_cli.skv.compress_trie import compress_sources
+        from seqkv_cli.trie.sources import Source
 
-        return compress_trie(paths, Path(out), coder, check, model, on_progress, near_dup, layout)
+        sources = [Source.from_path(path) for path in paths]
+        return compress_sources(
+            sources, Path(out), coder, check, model, on_progress, near_dup, layout
+        )
     if near_dup:
         raise SeqkvError("--near-dup needs the trie layout and a seq or seq-fast codec")
     canon, header_model = None, None

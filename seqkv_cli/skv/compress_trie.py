@@ -10,22 +10,6 @@ from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
 
 
-def compress_trie(
-    paths: list[Path],
-    out: Path,
-    coder,
-    check: bool,
-    model,
-    on_progress,
-    near_dup=False,
-    layout: str = "auto",
-):
-    from seqkv_cli.trie.sources import Source
-
-    sources = [Source.from_path(path) for path in paths]
-    return compress_sources(sources, out, coder, check, model, on_progress, near_dup, layout)
-
-
 def compress_sources(
     sources,
     out: Path,

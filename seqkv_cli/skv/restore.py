@@ -1,20 +1,23 @@
-"""Reading sessions back out of a container: decode sections into captures."""
+"""Reading sessions back out of a container: decode sections into captures.
+
+`Archive` opens the file, checks its header and model, and hands each restore to the path
+for its shape: skv/restore_trie.py (trie archives) or skv/restore_flat.py (one set of
+sections per session).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from seqkv_cli.container.layout import capture_meta_of, kv_part, section_name
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.blocks import to_tensor
 from seqkv_cli.sequential.registry import capabilities
-from seqkv_cli.sequential.surprisal_part import plausible_surprisal_part
+from seqkv_cli.skv.session_entries import check_entry
 
-KINDS = ("key", "value")
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
 
 
@@ -43,14 +46,14 @@ class Archive:
             sizes = {s.name: s.length for s in self.reader.sections}
             self.sessions = store.entries(self.trie, sizes, self.reader.read_section)
         for entry in self.sessions:
-            _check_entry(self.path, entry)
+            check_entry(self.path, entry)
         self.model: dict = header["model"] or {}
         pipeline = header["pipeline"]
         if len(pipeline) != 1:
             raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
         self.codec = resolve_codec(pipeline[0])
         if self.needs_model:  # from the file's own config: refuse a bad one in one line
-            from seqkv_cli.trie.decode import check_precision
+            from seqkv_cli.trie.node_source import check_precision
 
             try:
                 check_precision(getattr(self.codec, "precision_bits", 24))
@@ -125,191 +128,25 @@ class Archive:
         return result
 
     def restore_many(self, entries: list[dict], batch: int = SESSION_BATCH):
-        """Yield (entry, Capture or the SeqkvError that stopped it), in order.
+        """Yield (entry, Capture or the SeqkvError that stopped it): a flat archive's in
+        order, a trie archive's as they finish.
 
         Model-backed sessions are decoded `batch` at a time in lockstep (one model pass per
         position for all of them); a damaged session does not stop the others.
         """
         if self.trie is not None:
-            yield from self._restore_trie(entries)
-            return
-        if not self.needs_model:
-            for entry in entries:
-                try:
-                    result = self._restore_pervector(entry)
-                except SeqkvError as exc:  # one damaged session does not stop the others
-                    result = exc
-                yield entry, self._with_meta(entry, result)
-            return
-        canon = self.canonical()
-        done, total = 0, sum(e["positions"] for e in entries)
-        for start in range(0, len(entries), batch):
-            chunk = entries[start : start + batch]
-            group, reads, failed = [], [], {}
-            for k, entry in enumerate(chunk):
-                try:  # a session whose stream is unusable fails alone, before the batch runs
-                    read = self._reader_for(entry)
-                    self.codec.screen_tokens(entry, read("tokens.seq"), canon)
-                    group.append(entry)
-                    reads.append(read)
-                except SeqkvError as exc:
-                    failed[k] = exc
-            results = iter(self.codec.decode_many(group, reads, canon) if group else [])
-            done += sum(e["positions"] for e in chunk)
-            if self.on_tokens is not None:
-                self.on_tokens(done, total)
-            for k, entry in enumerate(chunk):
-                result = failed[k] if k in failed else next(results)
-                if isinstance(result, Exception):  # name the file and session
-                    result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
-                yield entry, self._with_meta(entry, result)
+            from seqkv_cli.skv.restore_trie import restore_trie
 
-    def _restore_trie(self, entries: list[dict]):
-        """Sessions of a trie archive, as they finish (only their nodes are decoded).
-
-        A near-duplicate session needs its centroid's tokens: the centroid is restored too
-        (and yielded only if it was asked for).
-        """
-        wanted = {e["index"]: e for e in entries}
-        members = {i: e for i, e in wanted.items() if e["trie"].get("centroid") is not None}
-        base = {i: e for i, e in wanted.items() if i not in members}
-        for e in members.values():
-            c = e["trie"]["centroid"]
-            base.setdefault(c, self.sessions[c])
-            if self.sessions[c]["trie"].get("centroid") is not None:
-                raise SeqkvError(f"{self.path}: session {e['id']}'s centroid is itself an edit")
-        based, broken = self._residual_bases(base)
-        for i, exc in broken.items():  # a damaged session fails alone
-            base.pop(i)
-            if i in wanted:
-                yield wanted[i], exc
-        for b in set(based.values()):
-            base.setdefault(b, self.sessions[b])
-        centroid_tokens = {}
-        finished, held = {}, {}
-        for entry, result in self._restore_paths(base):
-            i = entry["index"]
-            if not isinstance(result, Exception):
-                centroid_tokens[i] = result.tokens.numpy()
-                if result.deferred and i not in based:
-                    result = SeqkvError(
-                        f"{self.path}: session {entry['id']}: a residual rests on a session "
-                        "its parts do not name: the file is damaged"
-                    )
-            if i in based.values():
-                finished[i] = result
-            held[i] = (entry, result)
-            for j in [j for j in held if j not in based or based[j] in finished]:
-                e, r = held.pop(j)
-                if j in based:
-                    r = self._rest_on(e, r, finished[based[j]])
-                if j in wanted:
-                    yield e, self._with_meta(e, r)
-        for entry in members.values():
-            c = entry["trie"]["centroid"]
-            if c not in centroid_tokens:
-                result = SeqkvError(f"{self.path}: session {entry['id']}: its centroid failed")
-            else:
-                result = self._restore_member(entry, centroid_tokens[c])
-            yield entry, self._with_meta(entry, result)
-
-    def _residual_bases(self, entries: dict[int, dict]):
-        """{session index: the session its residual rests on} for these path sessions, and
-        {session index: error} for those whose parts are damaged."""
-        from seqkv_cli.skv.based import residual_base
-
-        out, broken = {}, {}
-        for i, e in entries.items():
-            try:
-                b = residual_base(e, self._session_reader(e))
-                if b is not None and (
-                    not 0 <= b < len(self.sessions)
-                    or self.sessions[b]["trie"].get("centroid") is not None
-                    or residual_base(self.sessions[b], self._session_reader(self.sessions[b]))
-                    is not None
-                ):
-                    raise SeqkvError("the session its residual rests on is not a plain one")
-            except SeqkvError as exc:
-                broken[i] = SeqkvError(f"{self.path}: session {e['id']}: {exc}")
-                continue
-            if b is not None:
-                out[i] = b
-        return out, broken
-
-    def _rest_on(self, entry: dict, result, base):
-        from seqkv_cli.skv.based import rest_on
-
-        if isinstance(result, Exception):
-            return result
-        if isinstance(base, Exception):
-            return SeqkvError(
-                f"{self.path}: session {entry['id']}: the session its residual rests on "
-                f"failed ({base})"
-            )
-        try:
-            return rest_on(result, base)
-        except SeqkvError as exc:
-            return SeqkvError(f"{self.path}: session {entry['id']}: {exc}")
-
-    def _restore_member(self, entry: dict, centroid_tokens):
-        from seqkv_cli.sequential.session_codec import finish_capture
-        from seqkv_cli.trie.neardup_store import restore_member
-
-        try:
-            read = self._session_reader(entry)
-            return restore_member(entry, read, centroid_tokens, self.canonical(), finish_capture)
-        except SeqkvError as exc:
-            return SeqkvError(f"{self.path}: session {entry['id']}: {exc}")
-
-    def _restore_paths(self, by_index: dict[int, dict]):
-        from seqkv_cli.trie.decode import DecodeStats, NodeSource, restore
-
-        reads = {i: self._session_reader(e) for i, e in by_index.items()}
-        if self.needs_model:
-            canon = self.canonical()
-            precision = getattr(self.codec, "precision_bits", 24)
-            source = NodeSource(self.trie, self.read_part, canon.vocab_size, precision)
-            stats = self.decode_stats = DecodeStats(on_tokens=self.on_tokens)
-            results = restore(
-                self.trie, list(by_index), source, self.codec, canon, by_index, reads, stats
-            )
+            yield from restore_trie(self, entries)
         else:
-            from seqkv_cli.trie.pervector import restore_pervector
+            from seqkv_cli.skv.restore_flat import restore_flat
 
-            results = restore_pervector(self, list(by_index), reads)
-        from seqkv_cli.trie.sources import ppl_milli
+            yield from restore_flat(self, entries, batch)
 
-        for s, result in results:
-            entry = by_index[s]
-            stored = self.trie.sessions[s].log2_ppl_milli
-            if not isinstance(result, Exception) and ppl_milli(result.surprisal) != stored:
-                # the session table's log2 PP is the one redundant record of a session's
-                # length and path: a changed end or end node shows up here
-                result = SeqkvError(
-                    f"its restored log2 PP ({ppl_milli(result.surprisal) / 1000:.3f}) is not "
-                    f"the one its table records ({stored / 1000:.3f}): the archive is damaged"
-                )
-            if isinstance(result, Exception):
-                result = SeqkvError(f"{self.path}: session {entry['id']}: {result}")
-            yield entry, result
-
-    def _session_reader(self, entry: dict):
-        from seqkv_cli.trie.store import session_part
-
-        where = entry["trie"]
-        owned = set(entry["sections"])
-
-        def read(part: str) -> bytes | None:
-            name = session_part(where["segment"], where["local"], part)
-            return _checked_part(
-                entry, part, self.reader.read_section(name) if name in owned else None
-            )
-
-        return read
-
-    def _with_meta(self, entry: dict, restored):
-        """The restored session with its header's metadata, or the one-line error when that
-        metadata contradicts the decoded tensors (a shape field changed and re-signed)."""
+    def with_meta(self, entry: dict, restored):
+        """`restored` (a Capture, or the error that stopped it) with the entry's metadata, or
+        the one-line error when that metadata contradicts the decoded tensors (a shape field
+        changed and re-signed)."""
         from seqkv_cli.kvcapture.capture_file import check_capture
 
         if not isinstance(restored, Exception):
@@ -319,89 +156,3 @@ class Archive:
             except SeqkvError as exc:
                 return exc
         return restored
-
-    def _reader_for(self, entry: dict):
-        i, owned = entry["index"], set(entry["sections"])
-        if section_name(i, "tokens.seq") not in owned:
-            raise SeqkvError(f"{self.path}: session {entry['id']} has no token stream")
-
-        def read(part: str) -> bytes | None:
-            name = section_name(i, part)
-            return _checked_part(
-                entry, part, self.reader.read_section(name) if name in owned else None
-            )
-
-        return read
-
-    def _restore_pervector(self, entry: dict):
-        from seqkv_cli.kvcapture.capture_file import Capture
-
-        i, n = entry["index"], entry["positions"]
-        raw_tokens = self.reader.read_section(section_name(i, "tokens"))
-        raw_surprisal = self.reader.read_section(section_name(i, "surprisal"))
-        if len(raw_tokens) != 4 * n or len(raw_surprisal) != 8 * max(n - 1, 0):
-            raise SeqkvError(f"{self.path}: session {entry['id']} has inconsistent lengths")
-        tokens = np.frombuffer(raw_tokens, "<u4")
-        surprisal = np.frombuffer(raw_surprisal, "<f8")
-        # every K/V block the session owns is restored: a header claiming fewer layers than
-        # the file holds would otherwise drop some silently
-        layers = entry["shapes"]["num_layers"]
-        want = {section_name(i, kv_part(k, kind)) for k in range(layers) for kind in KINDS}
-        held = {name for name in entry["sections"] if "/layers." in name}
-        if held != want:
-            raise SeqkvError(
-                f"{self.path}: session {entry['id']} holds K/V blocks for other layers than "
-                f"the {layers} its header says"
-            )
-        if tokens.shape[0] != n or surprisal.shape[0] != max(n - 1, 0):
-            raise SeqkvError(f"{self.path}: session {entry['id']} has inconsistent lengths")
-        layers = range(entry["shapes"]["num_layers"])
-        keys = [self.decode_kv(entry, layer, "key") for layer in layers]
-        values = [self.decode_kv(entry, layer, "value") for layer in layers]
-        meta = {"session_id": entry["id"], "dtype": entry["dtype"]}  # completed by _with_meta
-        return Capture(
-            torch.from_numpy(tokens.astype(np.int64)),
-            keys,
-            values,
-            torch.from_numpy(surprisal.copy()),
-            meta,
-        )
-
-
-def _check_entry(path: Path, entry) -> None:
-    """Headers pass their CRC, but a file written by another tool may still lack fields."""
-    from seqkv_cli.trie.store import MAX_POSITIONS
-
-    shapes = entry.get("shapes") if isinstance(entry, dict) else None
-    ok = (
-        isinstance(shapes, dict)
-        and isinstance(entry.get("id"), str)
-        and all(_int_in(entry.get(k), 0, 1 << 62) for k in ("index", "positions"))
-        and entry.get("dtype") in ("bf16", "fp16", "fp32")
-        and all(
-            _int_in(shapes.get(k), 1, 0xFFFF) for k in ("num_layers", "num_kv_heads", "head_dim")
-        )
-        and isinstance(entry.get("sections", []), list)
-        and all(isinstance(name, str) for name in entry.get("sections", []))
-        and isinstance(entry.get("capture_meta", {}), dict)
-    )
-    if not ok:
-        raise SeqkvError(f"{path}: malformed session entry in the header: {str(entry)[:80]!r}")
-    if entry["positions"] > MAX_POSITIONS:  # bounds every allocation sized by positions
-        raise SeqkvError(
-            f"{path}: session {entry['id']!r} claims {entry['positions']} positions, "
-            f"over the limit of {MAX_POSITIONS}"
-        )
-
-
-def _checked_part(entry: dict, part: str, data: bytes | None) -> bytes | None:
-    """A session's own part, refused when its size cannot be what the entry says."""
-    if part == "surprisal" and data is not None:
-        want = max(entry["positions"] - 1, 0)
-        if not plausible_surprisal_part(data, want):  # raw float64, or SKS1 and shorter
-            raise SeqkvError(f"its stored surprisal holds {len(data)} bytes, not {8 * want}")
-    return data
-
-
-def _int_in(value, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

@@ -3,7 +3,7 @@
 A codec that steps the model (`seq`, `delta-topk`) restores at one model pass per token; its
 restore time is the number of passes the decoder needs times the time of one pass with that
 many rows side by side, both found here: passes from the archive's shape (sessions as rows of
-one pass, trie nodes starting at their branch points: trie.decode.planned_passes), the pass
+one pass, trie nodes starting at their branch points: trie.schedule.planned_passes), the pass
 time measured on this machine's canonical forward at the archive's typical context. A codec
 that prefills (`seq-fast`) costs its tokens at the measured prefill rate; per-vector codecs
 are timed on one real session and scaled by positions. Guesses (draft-and-verify) can only
@@ -80,7 +80,7 @@ def _passes(arc) -> tuple[int, int, int]:
     from seqkv_cli.skv.restore import SESSION_BATCH
 
     if arc.trie is not None:
-        from seqkv_cli.trie.decode import planned_passes
+        from seqkv_cli.trie.schedule import planned_passes
 
         passes, tokens = planned_passes(arc.trie, list(range(len(arc.sessions))))
     else:  # flat archives: sessions in batches, each batch as long as its longest run

@@ -123,7 +123,7 @@ def _assemble(trie, end_node: int, end: int, raw: dict, archived):
 
 def restore_pervector(arc, wanted: list[int], reads: dict):
     """Yield (session index, Capture or error); each node's blocks are decoded once."""
-    from seqkv_cli.trie.decode import NodeSource
+    from seqkv_cli.trie.node_source import NodeSource
 
     contents = arc.trie
     source = NodeSource(contents, arc.read_part, 1 << 32, 24)

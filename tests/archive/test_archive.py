@@ -121,7 +121,7 @@ def test_add_refuses_duplicates_flat_files_and_other_models(caps, tiny_lm, tmp_p
 
 
 def test_extract_decodes_only_the_sessions_path(caps, tiny_lm, tmp_path, monkeypatch):
-    from seqkv_cli.trie.decode import NodeSource
+    from seqkv_cli.trie.node_source import NodeSource
 
     path = tmp_path / "t.skv"
     compress_captures(caps, path, codec="seq", model=tiny_lm)

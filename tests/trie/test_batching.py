@@ -11,7 +11,7 @@ from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.skv.compress import compress_captures, same_capture
 from seqkv_cli.skv.restore import Archive
-from seqkv_cli.trie.decode import planned_passes
+from seqkv_cli.trie.schedule import planned_passes
 
 ROOT = "Shared system prompt. " * 3  # the byte-level tiny tokenizer: one token per byte
 
@@ -57,10 +57,10 @@ def test_children_start_where_they_branch_and_the_output_is_unchanged(tree, tiny
 
 
 def test_a_full_batch_admits_waiting_nodes_as_rows_free_up(tree, tiny_lm, monkeypatch):
-    from seqkv_cli.trie import decode
+    from seqkv_cli.trie import schedule
 
     path, caps = tree
-    monkeypatch.setattr(decode, "LOCKSTEP", 1)  # one row: the nodes run one after another
+    monkeypatch.setattr(schedule, "LOCKSTEP", 1)  # one row: the nodes run one after another
     with Archive(path, model=tiny_lm) as arc:
         passes = counted(monkeypatch)
         restored = {e["id"]: r for e, r in arc.restore_many(arc.sessions)}

@@ -4,7 +4,7 @@ For a session whose first p positions have the same K/V bits as an earlier sessi
 segment (llama.cpp slots sharing a system prompt), the encoder may code its residual against
 that session's restored K/V for [0, p) and the recompute after it (trie/encode.py). Restore
 decodes both sessions' token paths as usual, then applies such parts once the base session
-is finished (skv/restore.py). A base never rests on another session itself.
+is finished (skv/restore_trie.py). A base never rests on another session itself.
 """
 
 from __future__ import annotations
