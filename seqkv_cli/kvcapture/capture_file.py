@@ -35,7 +35,7 @@ class Capture:
     surprisal: torch.Tensor
     meta: dict = field(default_factory=dict)
     # Residual parts still to apply on another session's K/V ((kind, layer) -> (base local
-    # index, positions, stream)): set between a trie path's decode and skv.restore's finish.
+    # index, positions, stream)): set between a trie path's decode and skv.restore_trie's finish.
     deferred: dict = field(default_factory=dict, repr=False)
     # Set on restore by codecs that add a stored residual to K/V they predict or recompute:
     # {"key": [per layer], "value": [per layer]}, the 95th percentile of |residual| over a
