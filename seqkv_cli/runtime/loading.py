@@ -12,6 +12,7 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime import fingerprint as fp
 from seqkv_cli.runtime.gguf import converted_gguf_folder, one_line
+from seqkv_cli.runtime.model_config import ModelShape
 from seqkv_cli.runtime.paths import cache_root
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -36,25 +37,28 @@ class LoadedModel:
         return self.model.config
 
     @property
+    def shape(self) -> ModelShape:
+        return ModelShape.of(self.config)
+
+    @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        return self.shape.num_layers
 
     @property
     def num_kv_heads(self) -> int:
-        return getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
+        return self.shape.num_kv_heads
 
     @property
     def head_dim(self) -> int:
-        c = self.config
-        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return self.shape.head_dim
 
     @property
     def vocab_size(self) -> int:
-        return self.config.vocab_size
+        return self.shape.vocab_size
 
     @property
     def max_context(self) -> int:
-        return getattr(self.config, "max_position_embeddings", None) or 2048
+        return self.shape.max_context
 
     def describe(self) -> dict:
         return {
