@@ -12,14 +12,14 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime import fingerprint as fp
 from seqkv_cli.runtime.gguf import converted_gguf_folder, one_line
-from seqkv_cli.runtime.model_config import ModelShape
+from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes
 from seqkv_cli.runtime.paths import cache_root
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
-class LoadedModel:
+class LoadedModel(ShapeAttributes):
     """A causal LM in fp32 eval mode plus what identifies it."""
 
     model: object
@@ -38,27 +38,7 @@ class LoadedModel:
 
     @property
     def shape(self) -> ModelShape:
-        return ModelShape.of(self.config)
-
-    @property
-    def num_layers(self) -> int:
-        return self.shape.num_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.shape.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.shape.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.shape.vocab_size
-
-    @property
-    def max_context(self) -> int:
-        return self.shape.max_context
+        return ModelShape.of(self.config)  # read each time: the config is the model's own
 
     def describe(self) -> dict:
         return {

@@ -2,7 +2,8 @@
 
 A multimodal model's config nests its language model's config under ``text_config``; the
 layers, heads and context a canonical forward and a capture need are that one's. Loading
-(`LoadedModel`), the portable forward and the legacy canonical forward all read them here.
+(`LoadedModel`), the portable forward and the legacy canonical forward all read them here,
+and answer to the same attribute names through `ShapeAttributes`.
 """
 
 from __future__ import annotations
@@ -41,3 +42,18 @@ class ModelShape:
             vocab_size=cfg.vocab_size,
             max_context=getattr(cfg, "max_position_embeddings", None) or DEFAULT_CONTEXT,
         )
+
+
+def _from_shape(name: str) -> property:
+    return property(lambda self: getattr(self.shape, name), doc=f"`ModelShape.{name}`")
+
+
+class ShapeAttributes:
+    """``num_layers``, ``num_heads``, ... of a class whose ``shape`` is its `ModelShape`."""
+
+    num_layers = _from_shape("num_layers")
+    num_heads = _from_shape("num_heads")
+    num_kv_heads = _from_shape("num_kv_heads")
+    head_dim = _from_shape("head_dim")
+    vocab_size = _from_shape("vocab_size")
+    max_context = _from_shape("max_context")

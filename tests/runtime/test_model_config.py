@@ -5,34 +5,22 @@ multimodal config (built offline from transformers' config classes)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
+from conftest import tiny_family_model
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.canonical import CanonicalLM
 from seqkv_cli.runtime.loading import LoadedModel
 from seqkv_cli.runtime.model_config import ModelShape, text_config
 from seqkv_cli.runtime.portable.model import PortableLM
 
-TEXT = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=24,  # not hidden_size // heads: read from the config, not derived
-    max_position_embeddings=192,
-)
 WANT = ModelShape(
     num_layers=3, num_heads=4, num_kv_heads=2, head_dim=24, vocab_size=300, max_context=192
 )
 
 
 def _text_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**TEXT)).eval()
+    # head_dim is not hidden_size // heads here: read from the config, not derived.
+    return tiny_family_model("llama", num_hidden_layers=3, head_dim=24, max_position_embeddings=192)
 
 
 def _multimodal(text):
@@ -45,7 +33,7 @@ def _multimodal(text):
 def _shape_of(lm) -> ModelShape:
     return ModelShape(
         lm.num_layers,
-        getattr(lm, "num_heads", WANT.num_heads),  # LoadedModel does not expose it
+        lm.num_heads,
         lm.num_kv_heads,
         lm.head_dim,
         lm.vocab_size,
