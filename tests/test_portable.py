@@ -15,7 +15,7 @@ import torch
 
 from conftest import FAMILIES, tiny_family_model
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable import elementary, exact
 from seqkv_cli.runtime.portable.model import PortableLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -38,7 +38,7 @@ def _eager_logits(model, ids):
 PATH_CASES = [(f, exact.NUMERIC_PATH_V3) for f in sorted(FAMILIES)] + [
     (f, path)
     for f in ("llama", "gemma2", "qwen3_moe")  # v1 and v2 still decode files
-    for path in (exact.NUMERIC_PATH, exact.NUMERIC_PATH_V2)
+    for path in (exact.NUMERIC_PATH_V1, exact.NUMERIC_PATH_V2)
 ]
 
 
@@ -94,24 +94,24 @@ def test_unvetted_ops_and_modules_are_refused_naming_them():
 
 
 def test_canary_refuses_a_machine_that_computes_other_bits(monkeypatch):
-    import seqkv_cli.runtime.portable.model as portable_model
+    import seqkv_cli.runtime.portable.canary as canary
 
-    monkeypatch.setattr(portable_model, "_canary_ok", {})
-    monkeypatch.setattr(exact, "exp", lambda x: torch.exp(x))  # a libm exp: other last bits
+    monkeypatch.setattr(canary, "_canary_ok", {})
+    monkeypatch.setattr(elementary, "exp", lambda x: torch.exp(x))  # a libm exp: other last bits
     with pytest.raises(SeqkvError, match="canary failed"):
-        portable_model.run_canary()
-    assert portable_model._canary_ok == {"cpu": False}  # remembered per device
-    monkeypatch.setattr(portable_model, "_canary_ok", {})
+        canary.run_canary()
+    assert canary._canary_ok == {"cpu": False}  # remembered per device
+    monkeypatch.setattr(canary, "_canary_ok", {})
 
 
 def test_primitives_are_accurate():
     x = torch.linspace(-30, 30, 2001, dtype=torch.float64)
     checks = {
-        "exp": (exact.exp(x), torch.exp(x)),
-        "sin": (exact.sin(x * 200), torch.sin(x * 200)),
-        "cos": (exact.cos(x * 200), torch.cos(x * 200)),
-        "tanh": (exact.tanh(x), torch.tanh(x)),
-        "log": (exact.log(x.abs() + 1e-6), torch.log(x.abs() + 1e-6)),
+        "exp": (elementary.exp(x), torch.exp(x)),
+        "sin": (elementary.sin(x * 200), torch.sin(x * 200)),
+        "cos": (elementary.cos(x * 200), torch.cos(x * 200)),
+        "tanh": (elementary.tanh(x), torch.tanh(x)),
+        "log": (elementary.log(x.abs() + 1e-6), torch.log(x.abs() + 1e-6)),
     }
     for name, (got, want) in checks.items():
         rel = ((got - want).abs() / want.abs().clamp_min(1e-300)).max()
@@ -186,7 +186,7 @@ def test_v3_and_v2_are_as_close_to_the_real_numbers_as_fp32_and_v1_is_not(embedd
         return differing([state.layer_kv(i) for i in range(lm.num_layers)])
 
     plain = differing([(layer.keys[0], layer.values[0]) for layer in fp32.layers])
-    v1, v2 = portable(exact.NUMERIC_PATH), portable(exact.NUMERIC_PATH_V2)
+    v1, v2 = portable(exact.NUMERIC_PATH_V1), portable(exact.NUMERIC_PATH_V2)
     v3 = portable(exact.NUMERIC_PATH_V3)
     assert v2 < 1.5 * plain and v2 < v1 / 5, (plain, v1, v2)
     assert v3 < 1.5 * plain and v3 < 1.2 * v2, (plain, v2, v3)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes
 from seqkv_cli.runtime.surprisal import surprisal_bits
 
 ROW_BLOCK = 8
@@ -92,8 +93,15 @@ class KVState:
         out.length = length
         return out
 
+    def crop(self, tokens: int) -> None:
+        """Forget the last ``-tokens`` positions, as `PortableState.crop` (transformers'
+        `Cache.crop` convention); their K/V rows are overwritten by the next call."""
+        if tokens > 0 or -tokens > self.length:
+            raise ValueError(f"cannot crop {tokens} positions from a state of {self.length}")
+        self.length += tokens
 
-class CanonicalLM:
+
+class CanonicalLM(ShapeAttributes):
     """A lean Llama-family forward with the canonical numerics described above."""
 
     numeric_path = NUMERIC_PATH
@@ -110,12 +118,9 @@ class CanonicalLM:
         if model_type == "mistral" and getattr(cfg, "sliding_window", None):
             raise SeqkvError("canonical numerics do not support sliding-window attention")
         base = hf_model.model
-        self.num_layers = cfg.num_hidden_layers
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.vocab_size = cfg.vocab_size
-        self.max_context = getattr(cfg, "max_position_embeddings", 2048)
+        # A multimodal wrapper is refused above by its own model_type: the decoders this path
+        # runs keep their numbers in the top config, which `ModelShape` then reads.
+        self.shape = ModelShape.of(cfg)
         self.eps = cfg.rms_norm_eps
         self.scaling = self.head_dim**-0.5
         p = {k: v.detach().float() for k, v in hf_model.state_dict().items()}

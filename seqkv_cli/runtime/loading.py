@@ -12,13 +12,14 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime import fingerprint as fp
 from seqkv_cli.runtime.gguf import converted_gguf_folder, one_line
+from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes
 from seqkv_cli.runtime.paths import cache_root
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
-class LoadedModel:
+class LoadedModel(ShapeAttributes):
     """A causal LM in fp32 eval mode plus what identifies it."""
 
     model: object
@@ -36,25 +37,8 @@ class LoadedModel:
         return self.model.config
 
     @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        return getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        c = self.config
-        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def max_context(self) -> int:
-        return getattr(self.config, "max_position_embeddings", None) or 2048
+    def shape(self) -> ModelShape:
+        return ModelShape.of(self.config)  # read each time: the config is the model's own
 
     def describe(self) -> dict:
         return {

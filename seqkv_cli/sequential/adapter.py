@@ -123,7 +123,7 @@ class CanonicalLogits:
     def accept(self, track: Track, token_ids, logits: np.ndarray, n: int) -> None:
         """Keep the first `n` of the tokens a `feed_drafts` call fed (`logits` has a row for
         each); the state forgets the rest (their K/V rows are overwritten by the next call)."""
-        track.state.length -= len(logits) - n
+        track.state.crop(n - len(logits))
         ids = torch.tensor([int(t) for t in token_ids[:n]], dtype=torch.long)
         track.record(ids, torch.from_numpy(logits[:n]))
 

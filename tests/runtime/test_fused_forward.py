@@ -70,7 +70,7 @@ def test_fused_decoder_is_probed_and_dropped_where_it_differs(monkeypatch):
     assert lm.fused is None
 
 
-@pytest.mark.parametrize("path", [exact.NUMERIC_PATH, exact.NUMERIC_PATH_V2])
+@pytest.mark.parametrize("path", [exact.NUMERIC_PATH_V1, exact.NUMERIC_PATH_V2])
 def test_older_paths_run_the_kernels_too(path, monkeypatch):
     """v1 and v2 files decode through the same kernels and fused decoder, to the reference's
     bits (their forms take other branches of every kernel)."""

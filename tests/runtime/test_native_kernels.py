@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.portable import exact, kernels
-from seqkv_cli.runtime.portable import model as portable_model
-from seqkv_cli.runtime.portable.mode import QuantizedWeight
+from seqkv_cli.runtime.portable import canary, elementary, exact, kernels
+from seqkv_cli.runtime.portable.weights import QuantizedWeight
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="numba is not installed")
 
@@ -35,12 +34,12 @@ def _edge_rows() -> torch.Tensor:
 
 def test_exp_matches_the_reference_bit_for_bit():
     a = _edge_rows()
-    native = exact.exp(a)
+    native = elementary.exp(a)
     with kernels.reference():
-        reference = exact.exp(a)
+        reference = elementary.exp(a)
     assert torch.equal(_bits(native), _bits(reference))
     assert float(native[5, 0]) == 0.0  # exp(-inf)
-    assert torch.isnan(exact.exp(torch.tensor([math.nan], dtype=torch.float64))).all()
+    assert torch.isnan(elementary.exp(torch.tensor([math.nan], dtype=torch.float64))).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -135,13 +134,13 @@ def test_l1_rows_keep_every_partial_sum_below_two_to_the_53():
 
 
 def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):
-    assert portable_model.kernels_agree()
+    assert canary.kernels_agree()
     real = kernels.int_products
     monkeypatch.setattr(kernels, "int_products", lambda x, hi, lo: real(x, hi, lo) + 1.0)
-    assert not portable_model.kernels_agree()
-    monkeypatch.setattr(portable_model, "_canary_ok", {})
+    assert not canary.kernels_agree()
+    monkeypatch.setattr(canary, "_canary_ok", {})
     with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference") as err:
-        portable_model.run_canary()
+        canary.run_canary()
     assert "\n" not in str(err.value)
 
 
@@ -154,4 +153,4 @@ def test_the_reference_switch_turns_every_kernel_off(monkeypatch):
 def test_the_kernels_exp_has_the_definitions_length():
     from seqkv_cli.runtime.portable import jitted
 
-    assert len(exact.EXP_KERNEL[0]) == jitted.EXP_TERMS
+    assert len(elementary.EXP_KERNEL[0]) == jitted.EXP_TERMS

@@ -14,7 +14,6 @@ positions; soft-capping uses the portable tanh.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import math
 
@@ -22,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.portable import exact, kernels
+from seqkv_cli.runtime.portable import elementary, exact, kernels
 
 ATTENTION_NAME = "seqkv_portable"
 QUERY_BLOCK = 128  # query rows per pass: bounds the (rows x keys) score matrix
@@ -30,8 +29,9 @@ QUERY_BLOCK = 128  # query rows per pass: bounds the (rows x keys) score matrix
 # (a step, or a few guessed tokens); more rows are faster through the fp64 BLAS.
 STEP_ROWS = 16
 
-# The sequences of the forward call in progress (one per batch row), set by PortableLM.
-current_rows: contextvars.ContextVar[list] = contextvars.ContextVar("seqkv_portable_rows")
+# The keyword under which a PortableLM forward hands its sequences (one per batch row) to the
+# registered attention: transformers passes a forward's extra keywords down to it.
+ROWS_KWARG = "seqkv_rows"
 
 
 class PortableState:
@@ -84,6 +84,13 @@ class PortableState:
         out.length = length
         return out
 
+    def crop(self, tokens: int) -> None:
+        """Forget the last ``-tokens`` positions (transformers' `Cache.crop` convention: a
+        negative count removes that many); their K/V rows are overwritten by the next call."""
+        if tokens > 0 or -tokens > self.length:
+            raise ValueError(f"cannot crop {tokens} positions from a state of {self.length}")
+        self.length += tokens
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the call's new rows (kv_heads, n, head_dim) at positions length..length+n."""
         p0, n = self.length, k.shape[1]
@@ -93,24 +100,6 @@ class PortableState:
         vq, ev = exact.quantize_rows(v, self.value_bits)
         self.kq[layer, :, p0 : p0 + n], self.ek[layer, :, p0 : p0 + n] = kq, ek
         self.vq[layer, :, p0 : p0 + n], self.ev[layer, :, p0 : p0 + n] = vq, ev
-
-
-class RowsCache:
-    """The `cache` transformers sees: routes each batch row's new K/V to its own state."""
-
-    is_compileable = False
-
-    def __init__(self, states: list[PortableState]) -> None:
-        self.states = states
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        with _disable_current_modes():  # seqkv's own bookkeeping, not model ops
-            for row, state in enumerate(self.states):
-                state.write(layer_idx, key_states[row].float(), value_states[row].float())
-        return key_states, value_states  # unused: the registered attention reads the states
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.states[0].length
 
 
 def portable_attention(
@@ -128,7 +117,7 @@ def portable_attention(
     """transformers attention signature; query (batch, heads, q_len, head_dim)."""
     if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
         raise SeqkvError("portable numerics: attention sinks are not supported")
-    rows = current_rows.get(None)
+    rows = kwargs.get(ROWS_KWARG)
     if rows is None:
         raise SeqkvError("portable attention runs only inside a PortableLM forward")
     if scaling is None:
@@ -163,7 +152,7 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         if softcap is None and kernels.usable(q) and groups * len(rows) <= STEP_ROWS:
             block = kernels.attend_rows(
                 exact.f64(qg[:, sel]), state, layer, p0 + end, qpos, window, scaling,
-                exact.EXP_KERNEL,
+                elementary.EXP_KERNEL,
             )  # fmt: skip
             parts.append(block.view(kvh, groups, len(rows), hd))
             continue
@@ -176,12 +165,12 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
             continue
         scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.form) * scaling
         if softcap is not None:
-            scores = exact.tanh(scores / softcap) * softcap
+            scores = elementary.tanh(scores / softcap) * softcap
         visible = key_pos[None, :] <= qpos[:, None]
         if window is not None:
             visible &= (qpos[:, None] - key_pos[None, :]) < window
         scores = scores.masked_fill(~visible, -math.inf)
-        e = exact.exp(scores - scores.amax(dim=-1, keepdim=True))
+        e = elementary.exp(scores - scores.amax(dim=-1, keepdim=True))
         num = torch.round(e * 2.0**state.prob_bits)  # exact sum below 2**53
         total = num.sum(dim=-1, keepdim=True)
         weights = exact.scale(num, ev.transpose(-1, -2))  # fold each key's value scale in
@@ -209,7 +198,7 @@ def _scores_to_values(state, q, kq, ek, vq, ev, qpos, scaling, window):
         window,
         form,
         scaling,
-        exact.EXP_KERNEL,
+        elementary.EXP_KERNEL,
     )
     sv = torch.matmul(w, vq)
     if form != exact.PEAK2:

@@ -16,32 +16,26 @@ them:
   integer with the row's scale set by its **L1 norm**: ``Σ|X| <= 2^(53 - w)`` against weights
   of ``w`` bits bounds every partial sum directly, so a row with a few large channels keeps
   the bits that ``K · peak`` spent on headroom — v2's accuracy, or better, in one product.
-* **Transcendentals from polynomials.** ``exp``, ``log``, ``sin``, ``cos`` and what is built
-  on them are range-reduced and evaluated with separate fp64 ``mul``/``add`` kernels (no fused
-  multiply-add can change a bit), so they do not depend on a math library.
-* **Reductions in a fixed tree.** Sums over a dimension add halves pairwise in fp64, in an
-  order fixed by the shape alone.
+* **Transcendentals from polynomials** and **reductions in a fixed tree**: `elementary`.
 
 Every function returns the dtype of its (first) input unless said otherwise; fp64 is only the
-working precision. Any change here changes coded bytes: bump ``NUMERIC_PATH``.
+working precision. Any change here (or in `elementary`) changes coded bytes: it makes a new
+numeric path (``NUMERIC_PATH_V4``, a new entry in ``FORMS``), never a change of an old one.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
 from seqkv_cli.runtime.portable import kernels
 
-NUMERIC_PATH = "portable-fx53-v1"
+NUMERIC_PATH_V1 = "portable-fx53-v1"
 NUMERIC_PATH_V2 = "portable-fx53-v2"
 NUMERIC_PATH_V3 = "portable-fx53-v3"
 # The form of every product's left operand, per version of the definition (module docstring):
 # one or two integers per element scaled by the row's peak, or one scaled by its L1 norm.
 PEAK1, PEAK2, L1 = 1, 2, 3
-FORMS = {NUMERIC_PATH: PEAK1, NUMERIC_PATH_V2: PEAK2, NUMERIC_PATH_V3: L1}
+FORMS = {NUMERIC_PATH_V1: PEAK1, NUMERIC_PATH_V2: PEAK2, NUMERIC_PATH_V3: L1}
 MANTISSA = 53  # fp64 holds every integer of magnitude <= 2**53 exactly
 # v3's right operands: weights of a linear, and the keys and values of attention, quantized
 # per row to these bits whatever the contraction length (measured: docs/NUMERICS.md, v3).
@@ -53,20 +47,6 @@ L1_UNIT = 30  # an element's share of its row's L1 bound, in 2**-30 of the row's
 def limbs(form: int) -> int:
     """Integers per element of a left operand in `form` (rows a product multiplies)."""
     return 2 if form == PEAK2 else 1
-
-
-_LOG2E = float.fromhex("0x1.71547652b82fep+0")
-_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # 32 significant bits: k * hi is exact
-_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
-_TWO_OVER_PI = float.fromhex("0x1.45f306dc9c883p-1")
-_PIO2 = (  # pi/2 in three parts of 33 bits (Cody-Waite): k * part is exact for |k| < 2**20
-    float.fromhex("0x1.921fb54400000p+0"),
-    float.fromhex("0x1.0b4611a600000p-34"),
-    float.fromhex("0x1.3198a2e037073p-69"),
-)
-_EXP_TERMS = 14  # Taylor terms of exp on |r| <= ln2/2: truncation < 2**-60 (and jitted's)
-_TRIG_TERMS = 11  # Taylor terms of sin/cos on |r| <= pi/4
-_EXP_MIN, _EXP_MAX = -745.0, 709.0
 
 
 def contraction_bits(length: int) -> int:
@@ -225,158 +205,3 @@ def matmul(a: torch.Tensor, b: torch.Tensor, form: int = PEAK1) -> torch.Tensor:
     bits = right_bits(k, form)
     wq, ew = quantize_rows(b.transpose(-1, -2), bits)
     return fixed_product(a, bits, wq, ew, form)
-
-
-def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
-    """Sum over ``dim`` in fp64, adding halves pairwise in an order fixed by the length."""
-    a = f64(x).movedim(dim, -1)
-    n = a.shape[-1]
-    if n == 0:
-        out = a.new_zeros(a.shape[:-1])
-    else:
-        width = 1 << (n - 1).bit_length()
-        if width != n:
-            a = torch.nn.functional.pad(a, (0, width - n))
-        while a.shape[-1] > 1:
-            half = a.shape[-1] // 2
-            a = a[..., :half] + a[..., half:]
-        out = a[..., 0]
-    return out.unsqueeze(dim) if keepdim else out
-
-
-def _poly(r: torch.Tensor, coefficients: list[float]) -> torch.Tensor:
-    """Horner's rule with separate multiply and add kernels (never fused)."""
-    acc = torch.full_like(r, coefficients[-1])
-    for c in reversed(coefficients[:-1]):
-        acc = torch.add(torch.mul(acc, r), c)
-    return acc
-
-
-_EXP_COEF = [1.0 / math.factorial(n) for n in range(_EXP_TERMS)]
-EXP_KERNEL = (  # the same constants for the native kernel (Horner order: highest first)
-    np.array(_EXP_COEF[::-1], dtype=np.float64),
-    _LOG2E,
-    _LN2_HI,
-    _LN2_LO,
-    _EXP_MIN,
-    _EXP_MAX,
-)
-
-
-def exp(x: torch.Tensor) -> torch.Tensor:
-    """e**x: x = k·ln2 + r, Taylor polynomial of e**r, times 2**k."""
-    a = f64(x)
-    if kernels.usable(a):
-        return kernels.exp(a, EXP_KERNEL).to(x.dtype)
-    neg_inf = a == -math.inf
-    a = a.clamp(_EXP_MIN, _EXP_MAX)
-    k = torch.round(a * _LOG2E)
-    r = (a - k * _LN2_HI) - k * _LN2_LO
-    k = k.to(torch.int64)
-    half = torch.div(k, 2, rounding_mode="floor")  # k reaches -1075: two normal factors
-    out = scale(scale(_poly(r, _EXP_COEF), half), k - half)
-    return torch.where(neg_inf, 0.0, out).to(x.dtype)
-
-
-def log(x: torch.Tensor) -> torch.Tensor:
-    """Natural log: x = m·2**k with m in [√½, √2), log m = 2·atanh((m-1)/(m+1)) as a series."""
-    a = f64(x)
-    m, k = torch.frexp(a)
-    small = m < math.sqrt(0.5)
-    m = torch.where(small, m * 2.0, m)
-    k = (k - small.to(k.dtype)).to(torch.float64)
-    s = (m - 1.0) / (m + 1.0)
-    s2 = s * s
-    series = _poly(s2, [2.0 / (2 * n + 1) for n in range(14)])
-    out = (s * series + k * _LN2_LO) + k * _LN2_HI
-    out = torch.where(a == 0, -math.inf, out)
-    out = torch.where((a < 0) | torch.isnan(a), math.nan, out)
-    return torch.where(a == math.inf, math.inf, out).to(x.dtype)
-
-
-_SIN_COEF = [(-1.0) ** n / math.factorial(2 * n + 1) for n in range(_TRIG_TERMS)]
-_COS_COEF = [(-1.0) ** n / math.factorial(2 * n) for n in range(_TRIG_TERMS)]
-
-
-def _reduce_quadrant(x: torch.Tensor):
-    a = f64(x)
-    k = torch.round(a * _TWO_OVER_PI)
-    r = ((a - k * _PIO2[0]) - k * _PIO2[1]) - k * _PIO2[2]
-    r2 = r * r
-    s = r * _poly(r2, _SIN_COEF)
-    c = _poly(r2, _COS_COEF)
-    return torch.remainder(k.to(torch.int64), 4), s, c
-
-
-def sin(x: torch.Tensor) -> torch.Tensor:
-    q, s, c = _reduce_quadrant(x)
-    out = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
-    return out.to(x.dtype)
-
-
-def cos(x: torch.Tensor) -> torch.Tensor:
-    q, s, c = _reduce_quadrant(x)
-    out = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
-    return out.to(x.dtype)
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    a = f64(x)
-    return (1.0 / (1.0 + exp(-a))).to(x.dtype)
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    a = f64(x)
-    return (a / (1.0 + exp(-a))).to(x.dtype)
-
-
-def tanh(x: torch.Tensor) -> torch.Tensor:
-    """tanh from exp; a short odd series near 0, where 1 - 2/(e^2x + 1) would cancel."""
-    a = f64(x)
-    big = 1.0 - 2.0 / (exp(2.0 * a.abs()) + 1.0)
-    big = torch.where(a < 0, -big, big)
-    a2 = a * a
-    series = a * _poly(a2, [1.0, -1.0 / 3, 2.0 / 15, -17.0 / 315, 62.0 / 2835])
-    return torch.where(a.abs() < 2.0**-6, series, big).to(x.dtype)
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the "gelu_pytorch_tanh" of Gemma/Phi."""
-    a = f64(x)
-    inner = math.sqrt(2.0 / math.pi) * (a + 0.044715 * (a * a * a))
-    return (0.5 * a * (1.0 + tanh(inner))).to(x.dtype)
-
-
-def rsqrt(x: torch.Tensor) -> torch.Tensor:
-    a = f64(x)
-    return (1.0 / torch.sqrt(a)).to(x.dtype)
-
-
-def pow_(base: torch.Tensor | float, exponent: torch.Tensor | float, dtype: torch.dtype):
-    """base ** exponent: exact for the exponents models use (2, 0.5, -0.5, 1), else exp(y·log x)."""
-    if isinstance(exponent, int | float) and isinstance(base, torch.Tensor):
-        a = base.to(torch.float64)
-        exact = {1: lambda: a, 2: lambda: a * a, 0.5: lambda: torch.sqrt(a), -0.5: lambda: rsqrt(a)}
-        if exponent in exact:
-            return exact[exponent]().to(dtype)
-        if exponent == int(exponent) and 0 <= exponent <= 8:
-            out = torch.ones_like(a)
-            for _ in range(int(exponent)):
-                out = out * a
-            return out.to(dtype)
-    b = torch.as_tensor(base, dtype=torch.float64)
-    y = torch.as_tensor(exponent, dtype=torch.float64)
-    device = base.device if isinstance(base, torch.Tensor) else exponent.device
-    return exp(y.to(device) * log(b.to(device))).to(dtype)
-
-
-def softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    a = f64(x)
-    e = exp(a - a.amax(dim=dim, keepdim=True))
-    return (e / tree_sum(e, dim, keepdim=True)).to(dtype or x.dtype)
-
-
-def log_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    a = f64(x)
-    shifted = a - a.amax(dim=dim, keepdim=True)
-    return (shifted - log(tree_sum(exp(shifted), dim, keepdim=True))).to(dtype or x.dtype)

@@ -12,7 +12,7 @@ very torch op the mode would have let through. It is an optimisation, never a de
   logits and K/V compared bit for bit) and keeps the reference where they differ — a
   transformers release that reorders a residual add changes the reference, and the probe sees
   it before a single token is coded;
-* `tests/runtime/test_fused.py` proves it bit-identical on tiny models of each family
+* `tests/runtime/test_fused_forward.py` proves it bit-identical on tiny models of each family
   (prefill, chunks, steps, rows) and on the embedded model.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from seqkv_cli.runtime.portable import exact
+from seqkv_cli.runtime.portable import elementary, exact
 from seqkv_cli.runtime.portable.attention import attend
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -57,7 +57,7 @@ class FusedDecoder:
     # -- the reference's operations, one by one ------------------------------------------
 
     def _linear(self, x: torch.Tensor, *modules) -> list[torch.Tensor]:
-        """mode._linear of each module over the same x: exact product, fp64 bias add, back to
+        """op_policy._linear of each module over the same x: exact product, fp64 bias add, back to
         x's dtype; several modules go through one product of their stacked rows."""
         bits = exact.right_bits(x.shape[-1], self.form)
         if len(modules) == 1:
@@ -77,16 +77,16 @@ class FusedDecoder:
     def _rms_norm(x: torch.Tensor, module) -> torch.Tensor:
         """LlamaRMSNorm under the mode: pow(2) and rsqrt via fp64, mean by the fixed tree."""
         a = x.to(torch.float64)
-        squared = (a * a).to(torch.float32)  # exact.pow_(x, 2)
-        variance = (exact.tree_sum(squared, -1, keepdim=True) / x.shape[-1]).to(torch.float32)
-        inv = exact.rsqrt(variance + module.variance_epsilon)
+        squared = (a * a).to(torch.float32)  # elementary.power(x, 2)
+        variance = (elementary.tree_sum(squared, -1, keepdim=True) / x.shape[-1]).to(torch.float32)
+        inv = elementary.rsqrt(variance + module.variance_epsilon)
         return module.weight * (x * inv)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq.to(dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = exact.cos(emb) * self.attention_scaling
-        sin = exact.sin(emb) * self.attention_scaling
+        cos = elementary.cos(emb) * self.attention_scaling
+        sin = elementary.sin(emb) * self.attention_scaling
         return cos, sin
 
     @staticmethod
@@ -123,7 +123,7 @@ class FusedDecoder:
 
     def _mlp(self, mlp, x) -> torch.Tensor:
         gate, up = self._linear(x, mlp.gate_proj, mlp.up_proj)
-        return self._linear(exact.silu(gate) * up, mlp.down_proj)[0]
+        return self._linear(elementary.silu(gate) * up, mlp.down_proj)[0]
 
     @torch.inference_mode()
     def run(self, states, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

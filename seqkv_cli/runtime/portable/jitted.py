@@ -1,4 +1,6 @@
-"""The numba code of `kernels`, compiled on first use (imported by `kernels` only then).
+"""The numba code of `kernels`, compiled on first use (imported by `kernels` only then):
+the products, quantizers, exp and scalings, and the per-value pieces the attention kernels
+(`jitted_attention`) share.
 
 Module-level functions, not closures: numba's disk cache keys a closure by its cells, and a
 cell holding another jitted function hashes differently in every process (every run would
@@ -13,7 +15,7 @@ import types
 import numpy as np
 from numba import njit, prange
 
-# exact._EXP_TERMS, the exp polynomial's length: a constant count unrolls the Horner loop, so
+# elementary._EXP_TERMS, the exp polynomial's length: a constant count unrolls the Horner loop, so
 # its callers vectorise. Were the two to differ, the canary's digest would refuse the kernels.
 EXP_TERMS = 14
 
@@ -72,7 +74,7 @@ def pow2(e):  # 2**e for integer e in [-1022, 1023]: exact, as exact.pow2
 
 @njit(inline="always", **exact_flags)
 def exp_parts(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):
-    """exact.exp's reduction of one value: (k, the polynomial of r) with e**x0 = poly · 2**k."""
+    """elementary.exp's reduction of one value: (k, the polynomial of r), e**x0 = poly · 2**k."""
     x = lo if x0 < lo else (hi if x0 > hi else x0)  # torch.clamp; NaN stays NaN
     k = np.rint(x * log2e)
     r = (x - k * ln2_hi) - k * ln2_lo
@@ -83,10 +85,10 @@ def exp_parts(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):
 
 
 @njit(inline="always", **exact_flags)
-def exp1(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):  # exact.exp of one value, step for step
+def exp1(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):  # elementary.exp of one value, step for step
     k, acc = exp_parts(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi)
     ki = np.int64(k) if k == k else 0  # NaN: any in-range index, the result is NaN anyway
-    half = ki >> 1  # floor division by 2, as exact.exp
+    half = ki >> 1  # floor division by 2, as elementary.exp
     y = (acc * pow2(half)) * pow2(ki - half)
     return 0.0 if x0 == -math.inf else y
 
@@ -222,156 +224,7 @@ def scale_product(s, erow, ecol, out):  # exact.fixed_matmul's scaling: s (M, N)
             out[m, n] = s[m, n] * (row * col[n])
 
 
-@njit(**sum_flags)
-def integer_sum(v):  # integer-valued terms, sum below 2**53: exact in any order
-    acc = 0.0
-    for x in v:
-        acc += x
-    return acc
-
-
-@njit(**exact_flags, fastmath={"reassoc", "nnan", "nsz"})
-def nan_free_peak(v):  # as nan_free_abs_peak, of the values themselves
-    peak = -math.inf
-    for x in v:
-        peak = max(peak, x)
-    return peak
-
-
-@njit(inline="always", **exact_flags)
-def value_weights(buf, vscale, pb, coef, c1, c2, c3, c4, c5):
-    """One query row's masked scores -> its softmax numerators (exp of score - max, rounded
-    to 2**-pb), each times its key's value scale (vscale), in place; returns their sum.
-
-    The same bits as `exp1` step by step, in passes LLVM vectorises: every score is <= the
-    peak, so k <= 0, and where k + pb >= -1 the powers 2**half · 2**(k - half) · 2**pb are
-    exact and equal 2**(k + pb), built here from its bits; below that both give 0 (the
-    numerator rounds to 0 from under 2**-1), as does -inf.
-    """
-    n = buf.shape[0]
-    peak = math.nan if has_nan(buf) else nan_free_peak(buf)  # amax propagates NaN
-    acc = np.empty(n)
-    power = np.empty(n, dtype=np.int64)
-    for j in range(n):
-        k, acc[j] = exp_parts(buf[j] - peak, coef, c1, c2, c3, c4, c5)
-        m = k + pb
-        power[j] = (np.int64(m) + 1023) << 52 if m >= -1.0 else 0  # NaN: 0 as well
-    scale = power.view(np.float64)  # 2**(k + pb), or 0.0
-    for j in range(n):
-        buf[j] = np.rint(acc[j] * scale[j])  # NaN stays NaN (NaN · 0)
-    total = integer_sum(buf)
-    for j in range(n):
-        buf[j] = buf[j] * vscale[j]
-    return total
-
-
-@njit(**exact_flags)
-def powers_of(e):  # 2**e of an exponent table (H, n) -> fp64 (H, n)
-    out = np.empty(e.shape)
-    for h in range(e.shape[0]):
-        for j in range(e.shape[1]):
-            out[h, j] = pow2(e[h, j])
-    return out
-
-
-def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, total):
-    """attention.attend between its two products, per (head, query row): the scores from
-    the q·k integer sums, the causal/window mask, exp, the rounded numerators and their
-    sum, each key's value scale folded in, and the weights split as `split_rows`."""
-    heads, rows = ew.shape  # w (H, limbs·R, n): the weights' integers, limb by limb
-    n = w.shape[2]
-    kbits, vbits, pbits, window, form, scaling = spec
-    kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
-    two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
-    kscale, vscale = powers_of(ek), powers_of(ev)
-    for t in prange(heads * rows):
-        h = t // rows
-        r = t - h * rows
-        # A private row (no aliasing with s or w for LLVM to fear), and each form's loops
-        # apart, so that every pass vectorises; w is written once at the end.
-        buf = np.empty(n)
-        # 2**(ex + ek) = 2**ex · 2**ek exactly (normal: quantize_rows' clamp), as combine
-        hi, lo, qp = pow2(ex[h, r]), pow2(ex[h, r] - kb), qpos[r]
-        if two:
-            for j in range(n):
-                buf[j] = s[h, r, j] * (hi * kscale[h, j]) + s[h, rows + r, j] * (lo * kscale[h, j])
-        else:
-            for j in range(n):
-                buf[j] = s[h, r, j] * (hi * kscale[h, j])
-        for j in range(n):
-            sc = buf[j] * scaling
-            hidden = j > qp or (wnd >= 0 and qp - j >= wnd)
-            buf[j] = -math.inf if hidden else sc
-        total[h, r] = value_weights(buf, vscale[h], pb, coef, c1, c2, c3, c4, c5)
-        e = l1_exponent(buf, vb) if l1 else row_exponent(buf, vb)
-        ew[h, r] = e
-        down, back, rest = pow2(-e), pow2(e), pow2(vb - e)
-        out = w[h, r]
-        if two:
-            low = w[h, rows + r]
-            for j in range(n):
-                q = np.rint(buf[j] * down)
-                low[j] = np.rint((buf[j] - q * back) * rest)
-                out[j] = q
-        else:
-            for j in range(n):
-                out[j] = np.rint(buf[j] * down)
-
-
-@njit(inline="always", **sum_flags)
-def dot(a, b):  # integer-valued terms, every partial sum below 2**53: exact in any order
-    acc = 0.0
-    for i in range(a.shape[0]):
-        acc += a[i] * b[i]
-    return acc
-
-
-def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out):
-    """attention.attend for a few query rows (a step), products included: per (head,
-    row) the query's limbs, its integer sums with the first n keys, the softmax weights as
-    `softmax_weights`, and their integer sums with the values, scaled and divided."""
-    heads, rows, hd = out.shape
-    kbits, vbits, pbits, window, form, scaling = spec
-    kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
-    two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
-    vscale = powers_of(ev[:, :n])
-    for t in prange(heads * rows):
-        h = t // rows
-        r = t - h * rows
-        x1 = np.empty(hd)
-        x2 = np.zeros(hd)
-        e = l1_exponent(q[h, r], kb) if l1 else row_exponent(q[h, r], kb)
-        down, back, rest = pow2(-e), pow2(e), pow2(kb - e)
-        for d in range(hd):
-            x1[d] = np.rint(q[h, r, d] * down)
-            x2[d] = np.rint((q[h, r, d] - x1[d] * back) * rest)
-        buf = np.empty(n)
-        for j in range(n):
-            ej = e + ek[h, j]
-            sc = dot(x1, kq[h, j]) * pow2(ej)
-            if two:
-                sc = sc + dot(x2, kq[h, j]) * pow2(ej - kb)
-            sc = sc * scaling
-            hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
-            buf[j] = -math.inf if hidden else sc
-        total = value_weights(buf, vscale[h], pb, coef, c1, c2, c3, c4, c5)
-        ew = l1_exponent(buf, vb) if l1 else row_exponent(buf, vb)
-        down, back, rest = pow2(-ew), pow2(ew), pow2(vb - ew)
-        acc1 = np.zeros(hd)
-        acc2 = np.zeros(hd)
-        for j in range(n):  # integer sums again: any order is exact
-            w1 = np.rint(buf[j] * down)
-            w2 = np.rint((buf[j] - w1 * back) * rest) if two else 0.0
-            for d in range(hd):
-                acc1[d] += w1 * vq[h, j, d]
-                acc2[d] += w2 * vq[h, j, d]
-        hi, lo = pow2(ew), pow2(ew - vb)
-        for d in range(hd):
-            v = acc1[d] * hi + acc2[d] * lo if two else acc1[d] * hi
-            out[h, r, d] = v / total
-
-
-def _both(fn, flags):
+def serial_and_parallel(fn, flags):
     # Two function objects: numba's disk cache is keyed by the function's name, and a
     # serial and a parallel build under one name would evict each other on every run.
     parallel = types.FunctionType(
@@ -382,13 +235,11 @@ def _both(fn, flags):
 
 
 KERNELS = {
-    "products": _both(products, sum_flags),
-    "exp": _both(exp, exact_flags),
-    "quantize": _both(quantize, exact_flags),
-    "split": _both(split, exact_flags),
-    "combine": _both(combine, exact_flags),
-    "scale_product": _both(scale_product, exact_flags),
-    "step_products": _both(step_products, exact_flags),
-    "softmax_weights": _both(softmax_weights, exact_flags),
-    "attend_rows": _both(attend_rows, exact_flags),
+    "products": serial_and_parallel(products, sum_flags),
+    "exp": serial_and_parallel(exp, exact_flags),
+    "quantize": serial_and_parallel(quantize, exact_flags),
+    "split": serial_and_parallel(split, exact_flags),
+    "combine": serial_and_parallel(combine, exact_flags),
+    "scale_product": serial_and_parallel(scale_product, exact_flags),
+    "step_products": serial_and_parallel(step_products, exact_flags),
 }

@@ -91,11 +91,12 @@ def _variant(name: str, work: int):
 
 @functools.cache
 def _compiled() -> dict:
-    """The kernels (`jitted`), imported once per process: numba compiles each on its first
-    call, or loads it from its disk cache (the package's __pycache__, where writable)."""
-    from seqkv_cli.runtime.portable import jitted
+    """The kernels (`jitted`, `jitted_attention`), imported once per process: numba compiles
+    each on its first call, or loads it from its disk cache (the package's __pycache__, where
+    writable)."""
+    from seqkv_cli.runtime.portable import jitted, jitted_attention
 
-    return jitted.KERNELS
+    return {**jitted.KERNELS, **jitted_attention.KERNELS}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -138,7 +139,7 @@ def step_product(
 
 
 def exp(a: torch.Tensor, constants: tuple) -> torch.Tensor:
-    """`exact.exp` of an fp64 CPU tensor (same bits), any shape; ``constants`` are exact's
+    """`elementary.exp` of an fp64 CPU tensor (same bits), any shape; ``constants`` are elementary's
     (Horner coefficients highest first, log2 e, ln 2 in two parts, the clamp range)."""
     flat = _np(a).reshape(-1)
     out = np.empty_like(flat)

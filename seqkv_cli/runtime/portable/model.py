@@ -2,15 +2,16 @@
 
 The model's forward runs unchanged under `PortableMode` (every aten op exact by IEEE or
 replaced by `exact`), with seqkv's attention registered through transformers'
-AttentionInterface and a cache that writes each sequence's K/V into preallocated buffers.
+AttentionInterface and a transformers `Cache` (`rows_cache.RowsCache`) that writes each
+sequence's K/V into its preallocated `PortableState`.
 Rotary frequencies are recomputed in the portable definition at load (the ones computed at
-model init came from the machine's `pow`). A canary checks the machine before first use.
+model init came from the machine's `pow`). A canary (`canary`) checks the machine before
+first use.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import warnings
 
 import torch
@@ -18,16 +19,18 @@ import torch
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.devices import model_device
 from seqkv_cli.runtime.hfcompat import cache_kwarg
+from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes, text_config
 from seqkv_cli.runtime.portable import exact, fused, kernels
 from seqkv_cli.runtime.portable.attention import (
     ATTENTION_NAME,
+    ROWS_KWARG,
     PortableState,
-    RowsCache,
-    attend,
-    current_rows,
     portable_attention,
 )
-from seqkv_cli.runtime.portable.mode import PortableMode, QuantizedWeight, WeightCache
+from seqkv_cli.runtime.portable.canary import run_canary, same_bits
+from seqkv_cli.runtime.portable.mode import PortableMode
+from seqkv_cli.runtime.portable.rows_cache import RowsCache
+from seqkv_cli.runtime.portable.weights import WeightCache
 from seqkv_cli.runtime.surprisal import portable_surprisal_bits
 
 # Module types the path refuses by name: their state or ops have no portable definition yet.
@@ -40,7 +43,7 @@ def _register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, portable_attention)
 
 
-class PortableLM:
+class PortableLM(ShapeAttributes):
     """The canonical forward of a portable path: states, forward, forward_rows."""
 
     surprisal = staticmethod(portable_surprisal_bits)
@@ -50,8 +53,7 @@ class PortableLM:
             raise SeqkvError(f"{numeric_path!r} is not a portable numeric path")
         self.numeric_path = numeric_path
         self.form = exact.FORMS[numeric_path]
-        cfg = getattr(hf_model.config, "text_config", None) or hf_model.config
-        self.model_type = getattr(cfg, "model_type", "?")
+        self.model_type = getattr(text_config(hf_model.config), "model_type", "?")
         _refuse_unvetted(hf_model, self.model_type)
         self.device = model_device(hf_model)
         run_canary(self.device)
@@ -59,12 +61,7 @@ class PortableLM:
         if next(hf_model.parameters()).dtype != torch.float32:
             raise SeqkvError("portable numerics run fp32 weights; load the model in float32")
         self.model = hf_model.eval()
-        self.num_layers = cfg.num_hidden_layers
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.vocab_size = cfg.vocab_size
-        self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
+        self.shape = ModelShape.of(hf_model.config)
         # Fixed-point widths: keys for q·k over head_dim, values for weights·V over the context
         # (v3: fixed, the queries and weights carry the L1 bound), and the softmax numerators
         # (<= 1 in units of 2**-prob_bits, so a row sums below 2**53 at the model's context).
@@ -165,7 +162,7 @@ class PortableLM:
                 self._forward_with(run, state, ids[first:]),
             ]
             runs.append((torch.cat(logits), state.keys[:, :, :n], state.values[:, :, :n]))
-        if all(_same_bits(a, b) for a, b in zip(*runs, strict=True)):
+        if all(same_bits(a, b) for a, b in zip(*runs, strict=True)):
             return decoder
         warnings.warn(
             f"seqkv: the fused {self.model_type} forward does not match this transformers "
@@ -221,7 +218,7 @@ class PortableLM:
 
         Rows of one pass are rectangular: a shorter list is padded by repeating its last
         token, at positions that must fit the state's capacity; the padding's K/V sit past
-        the row's length and are overwritten by its next call (callers roll `length` back).
+        the row's length (cropped here) and are overwritten by its next call.
         """
         if len({id(s) for s in states}) != len(states):
             raise ValueError("each sequence may appear once per forward_many call")
@@ -236,7 +233,7 @@ class PortableLM:
         positions = torch.stack([s.length + torch.arange(m) for s in states])
         logits = self._run(states, ids, positions)
         for s, x in zip(states, lists, strict=True):
-            s.length -= m - len(x)  # the padding is not part of the sequence
+            s.crop(len(x) - m)  # the padding is not part of the sequence
         return [logits[i, : len(x)] for i, x in enumerate(lists)]
 
     def _forward_with(self, run, state, ids) -> torch.Tensor:
@@ -259,28 +256,16 @@ class PortableLM:
     def _run_reference(self, states, ids, positions) -> torch.Tensor:
         """The model's own code under `PortableMode`: the definition's bits (states' lengths
         are left to the caller)."""
-        token = current_rows.set(states)
-        try:
-            # An already-built 4D mask is passed through by transformers' mask helpers;
-            # the registered attention masks from absolute positions instead.
-            mask = torch.zeros((ids.shape[0], 1, ids.shape[1], 1), device=self.device)
-            with self._installed(), self._mode():
-                out = self.model(
-                    input_ids=ids.to(self.device),
-                    position_ids=positions.to(self.device),
-                    attention_mask=mask,
-                    **{cache_kwarg(type(self.model).forward): RowsCache(states)},
-                    use_cache=True,
-                )
-            return out.logits.float().cpu()  # the coder's tables are built on the CPU
-        finally:
-            current_rows.reset(token)
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)
-    )
+        # No attention mask: the registered attention masks each row from its positions.
+        rows = {cache_kwarg(type(self.model).forward): RowsCache(states), ROWS_KWARG: states}
+        with self._installed(), self._mode():
+            out = self.model(
+                input_ids=ids.to(self.device),
+                position_ids=positions.to(self.device),
+                use_cache=True,
+                **rows,
+            )
+        return out.logits.float().cpu()  # the coder's tables are built on the CPU
 
 
 def _configs(hf_model):
@@ -302,94 +287,3 @@ def _refuse_unvetted(hf_model, model_type: str) -> None:
                 f"portable numerics: the {model_type} model contains {name}, which has no "
                 "portable definition; compress it with --codec lossless or a per-vector codec"
             )
-
-
-# A fixed input grid through every primitive; its digest is a constant of the definition.
-CANARY_DIGEST = "295fe8e6e55106331bbb0b4c6c61d3d8d408b756a0f680d34f1c19850e3cdfd4"
-
-
-def canary_digest(device=None) -> str:
-    """The digest of the primitives computed on `device` (default: the CPU)."""
-    i = torch.arange(4096, dtype=torch.int64, device=device or "cpu")
-    # Built from integers by one correctly rounded division: the same grid everywhere.
-    rows = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(64, 64)
-    parts = [
-        exact.exp(rows),
-        exact.log(rows.abs() + 1e-3),
-        exact.sin(rows * 300.0),
-        exact.cos(rows * 300.0),
-        exact.tanh(rows),
-        exact.silu(rows),
-        exact.gelu_tanh(rows),
-        exact.softmax(rows, -1),
-        exact.log_softmax(rows, -1),
-        exact.tree_sum(rows, -1),
-        exact.rsqrt(rows.abs() + 1.0),
-        exact.matmul(rows, rows.t().contiguous()).float(),
-        exact.matmul(rows, rows.t().contiguous(), exact.PEAK2),  # fp64: both integers' sum
-        exact.matmul(rows * rows.abs(), rows.t().contiguous(), exact.L1),  # L1-scaled rows
-        exact.pow_(
-            10000.0,
-            torch.arange(0, 64, 2, dtype=torch.float32, device=i.device) / 64,
-            torch.float32,
-        ),
-    ]
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-_canary_ok: dict[str, bool] = {}  # per device: a GPU is checked on its own kernels
-
-
-def kernels_agree() -> bool:
-    """Whether the native kernels the digest does not reach give the reference's bits here:
-    integer products over split weights at the 2**53 bound (every step's linears) and the
-    attention between its products (every step's softmax). Fixed inputs, like the digest's."""
-    i = torch.arange(4 * 1536, dtype=torch.int64)
-    x = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(4, 1536)
-    w = ((i * 104729 % 3001 - 1500).to(torch.float64) / 13.0).float().view(4, 1536)
-    w = torch.cat([w, w.flip(-1), -w, w * 1e-3]).repeat(8, 1)  # (128, 1536), row peaks differ
-    forms = (exact.PEAK1, exact.PEAK2, exact.L1)
-    cases = [(n, form, exact.right_bits(1536, form)) for n in (1, 3) for form in forms]
-    got = [QuantizedWeight.of(w, bits).product(x[:n], bits, form) for n, form, bits in cases]
-    heads, n = 2, 40
-    steps = {True: [], False: []}
-    for native in (True, False):
-        with contextlib.nullcontext() if native else kernels.reference():
-            for bits, form in (((23, 19, 40), exact.PEAK2), ((23, 23, 40), exact.L1)):
-                state = PortableState(1, heads, 64, n, bits, form=form)
-                k = x.view(-1)[: heads * n * 64].view(heads, n, 64)
-                state.write(0, k, k.flip(-1) * 0.5)
-                state.length = n - 1
-                q = x.view(-1)[-4 * 64 :].view(4, 1, 64)  # 4 query heads over 2 KV heads, a step
-                steps[native].append(attend(state, 0, q, 0.125, None, None))
-            if not native:
-                want = [
-                    exact.fixed_product(x[:m], bits, *exact.quantize_rows(w, bits), form)
-                    for m, form, bits in cases
-                ]
-    pairs = zip([*got, *steps[True]], [*want, *steps[False]], strict=True)
-    return all(_same_bits(a, b) for a, b in pairs)
-
-
-def run_canary(device=None) -> None:
-    """Refuse, with the check named, where this machine (or device) does not reproduce the
-    definition."""
-    where = str(device or "cpu")
-    if where not in _canary_ok:
-        _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
-        if _canary_ok[where] and where == "cpu" and kernels.enabled() and not kernels_agree():
-            raise SeqkvError(
-                "portable numerics: a native kernel gives other bits than the reference on this "
-                f"machine; set {kernels.ENV}=reference to code and decode without the kernels"
-            )
-    if not _canary_ok[where]:
-        on = "" if where == "cpu" else f" on {where}"
-        raise SeqkvError(
-            f"portable numerics canary failed{on}: this machine's floating point does not "
-            f"reproduce the portable ({', '.join(exact.FORMS)}) primitives (flush-to-zero or "
-            "fused operations?); "
-            "files written on the portable path cannot be coded or decoded here"
-        )
