@@ -14,7 +14,7 @@ def continue_from(lm, capture, prompt: str, max_new_tokens: int) -> list[int]:
     if capture.positions == 0:
         raise SeqkvError("the session is empty; there is nothing to resume")
     prompt_ids = lm.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    if capture.positions + len(prompt_ids) + max_new_tokens > lm.config.max_position_embeddings:
+    if capture.positions + len(prompt_ids) + max_new_tokens > lm.max_context:
         raise SeqkvError("the session, prompt and new tokens exceed the model's context")
     ids = torch.cat([capture.tokens.long(), prompt_ids.long()])
     if len(prompt_ids) == 0:
