@@ -23,11 +23,13 @@ from typing import NamedTuple
 import torch
 
 from seqkv_cli.api.arguments import check_session_id
+from seqkv_cli.api.metadata import check_meta
 from seqkv_cli.api.prepare import PreparedSession, prepare_session
 from seqkv_cli.api.results import AddReport, SessionInfo
 from seqkv_cli.errors import SeqkvError
 
-__all__ = ["AddReport", "MemoryArchive", "SessionInfo", "open_archive"]
+# check_meta: where it was before metadata.py (tests/attacks/test_surface_fuzz.py imports it)
+__all__ = ["AddReport", "MemoryArchive", "SessionInfo", "check_meta", "open_archive"]
 
 
 class Written(NamedTuple):
