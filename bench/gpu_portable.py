@@ -58,7 +58,7 @@ def _rows_step(lm, rows: int, context: int, steps: int = 4) -> float:
     ids = torch.arange(context) % lm.vocab_size
     base = lm.new_state(context + steps)
     lm.forward(base, ids)
-    states = [base.fork(lm, context, context + steps) for _ in range(rows)]
+    states = [base.fork(context, context + steps) for _ in range(rows)]
     lm.forward_rows(states, [1] * rows)  # warm-up
     _sync(lm.device)
     start = time.perf_counter()

@@ -69,7 +69,7 @@ class SessionFactory:
         from seqkv_cli.kvcapture.engine import provenance
 
         p, ids = len(self.prefix), torch.tensor(tail, dtype=torch.long)
-        state = self.state.fork(self.canon, p, p + len(ids))  # quantized rows come along
+        state = self.state.fork(p, p + len(ids))  # quantized rows come along
         logits = self.canon.forward(state, ids)
         rows = torch.cat([self.logits[-1:], logits[:-1]])
         surprisal = torch.cat([self.surprisal, self.canon.surprisal(rows, ids)])

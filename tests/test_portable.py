@@ -79,7 +79,7 @@ def test_fork_continues_like_the_whole_sequence():
     whole = lm.forward(whole_state, ids)
     parent = lm.new_state(12)
     lm.forward(parent, ids[:12])
-    child = parent.fork(lm, 8, 20)
+    child = parent.fork(8, 20)
     assert _same(lm.forward(child, ids[8:]), whole[8:])
     assert _same(child.layer_kv(1)[0], whole_state.layer_kv(1)[0])
 

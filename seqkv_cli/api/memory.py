@@ -7,49 +7,35 @@
 An archive holds sessions of one model. `add` appends a segment (nothing committed is
 rewritten; a crash leaves the file as it was) and shares every prefix already stored, so a
 growing session costs only its new tokens. The first `add` creates the file.
-"""
+
+This module is the archive object: it checks the file and the model, and turns `add`'s
+arguments into sources to write and writes them. The pieces are beside it: results.py
+(SessionInfo, AddReport), prepare.py (one session to add: arguments.py checks ids and token
+ids, metadata.py `meta=`, stored_kv.py what is kept of a cache by skv/residual_policy.py),
+archive_index.py (what the index answers without decoding)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
 from pathlib import Path
-from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
+from seqkv_cli.api.arguments import check_session_id
+from seqkv_cli.api.metadata import check_meta
+from seqkv_cli.api.prepare import PreparedSession, prepare_session
+from seqkv_cli.api.results import AddReport, SessionInfo
 from seqkv_cli.errors import SeqkvError
 
-RESIDUAL_CHOICES = ("auto", "replay", "lossless", "none")
-MAX_ID_CHARS = 1024
+# check_meta: where it was before metadata.py (tests/attacks/test_surface_fuzz.py imports it)
+__all__ = ["AddReport", "MemoryArchive", "SessionInfo", "check_meta", "open_archive"]
 
 
-@dataclass(frozen=True)
-class SessionInfo:
-    """One archived session, as `sessions()` lists it."""
-
-    id: str
-    tokens: int
-    bytes: int  # what this session adds on its own (its tokens past the shared prefix, residual)
-    shared_prefix: int  # positions it shares with other sessions
-    restore: str  # "replay", "canonical + residual" or "canonical" (how `load` rebuilds K/V)
-
-
-@dataclass(frozen=True)
-class AddReport:
-    """What one `add` stored."""
-
-    id: str
-    tokens: int
-    new_tokens: (
-        int | None
-    )  # tokens past the longest prefix already stored (None: add_many of several)
+class Written(NamedTuple):
     added_bytes: int
     file_bytes: int
-    kv: str  # "recomputed" (tokens only), "replay", "exact" (residual), "within EPS"
-    max_abs_difference: float | None  # user's cache vs the canonical recompute (None: no cache)
-    note: str | None = None  # why replay was not used, when it was tried
-    # ‖cache - canonical‖ / ‖canonical‖, worst layer (None: no cache, or residual="none")
-    relative_difference: float | None = None
+    new_tokens: int | None  # None: a new file (every token is new)
 
 
 class MemoryArchive:
@@ -100,34 +86,10 @@ class MemoryArchive:
     def sessions(self) -> list[SessionInfo]:
         """Every session: id, tokens, bytes of its own, positions shared with others, and how
         `load` rebuilds its K/V."""
-        self._open()
-        if not self.path.is_file():
-            return []
-        from seqkv_cli.api.replay import read_record
-        from seqkv_cli.archive.summary import session_rows
-        from seqkv_cli.skv.restore import Archive
+        from seqkv_cli.api.archive_index import session_infos
 
-        rows, _ = session_rows(self.path)
-        with Archive(self.path) as arc:
-            entries = {e["id"]: e for e in arc.sessions}
-        out = []
-        for r in rows:
-            entry = entries[r["id"]]
-            meta = {**entry.get("capture_meta", {}), "session_id": r["id"]}
-            try:
-                replayed = read_record(meta, int(entry["positions"])) is not None
-            except SeqkvError:  # one bad record must not hide the other sessions
-                replayed, how = False, "malformed replay record"
-            else:
-                how = "canonical + residual" if entry.get("residual_bytes") else "canonical"
-            if replayed:
-                how = "replay"
-            out.append(
-                SessionInfo(
-                    r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]), how
-                )
-            )
-        return out
+        self._open()
+        return session_infos(self.path) if self.path.is_file() else []
 
     def __contains__(self, session_id: str) -> bool:
         return any(s.id == session_id for s in self.sessions())
@@ -139,10 +101,7 @@ class MemoryArchive:
         """The session as a `Capture`: tokens, K/V per layer, surprisal, metadata."""
         from seqkv_cli.skv.restore import Archive
 
-        self._open()
-        if not self.path.is_file():
-            raise SeqkvError(f"{self.path} has no sessions yet")
-        with Archive(self.path, model=self._lm) as arc:
+        with Archive(self._file(), model=self._lm) as arc:
             return arc.restore(arc.session(str(session_id)))
 
     def tokens(self, session_id: str) -> list[int]:
@@ -152,30 +111,17 @@ class MemoryArchive:
         """The forward calls (token counts) that filled a replayed session's cache; None for
         a session without a replay record. A cache continued from `load(session_id)` was
         filled by this schedule plus the continuation's calls."""
-        from seqkv_cli.api.replay import Schedule, read_record
-        from seqkv_cli.skv.restore import Archive
+        from seqkv_cli.api.archive_index import index_entry, replay_schedule
 
-        self._open()
-        if not self.path.is_file():
-            raise SeqkvError(f"{self.path} has no sessions yet")
-        with Archive(self.path) as arc:  # the index only: no token is decoded
-            entry = arc.session(str(session_id))
-        meta = {**entry.get("capture_meta", {}), "session_id": entry["id"]}
-        rec = read_record(meta, int(entry["positions"]))
-        return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
+        return replay_schedule(index_entry(self._file(), session_id))
 
     def meta(self, session_id: str) -> dict:
         """The metadata `add(meta=...)` stored with the session ({} if none); read from the
         index, no token is decoded."""
-        from seqkv_cli.skv.restore import Archive
+        from seqkv_cli.api.archive_index import index_entry
+        from seqkv_cli.api.metadata import stored_meta
 
-        self._open()
-        if not self.path.is_file():
-            raise SeqkvError(f"{self.path} has no sessions yet")
-        with Archive(self.path) as arc:
-            entry = arc.session(str(session_id))
-        meta = entry.get("capture_meta", {}).get(USER_META_KEY, {})
-        return dict(meta) if isinstance(meta, dict) else {}
+        return stored_meta(index_entry(self._file(), session_id))
 
     def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
         """The session's cache as a `DynamicCache(config=model.config)`, ready for
@@ -238,18 +184,9 @@ class MemoryArchive:
         `verify` restores the whole archive's new session before returning (slow: the
         decoder steps the model once per token).
         """
-        args = dict(
-            residual=residual,
-            tolerance=tolerance,
-            prompt_length=prompt_length,
-            schedule=schedule,
-            meta=meta,
-            max_relative_difference=max_relative_difference,
-        )
-        return self.add_many(
-            [{"session_id": session_id, "input_ids": input_ids, "cache": cache, **args}],
-            verify=verify,
-        )[0]
+        # One session of add_many: this call's arguments by name (all but self and verify).
+        item = {name: value for name, value in locals().items() if name in _ADD_DEFAULTS}
+        return self.add_many([item], verify=verify)[0]
 
     def add_many(self, sessions, *, verify: bool = False) -> list[AddReport]:
         """Store several sessions in one append (one segment: cheaper than one `add` each,
@@ -257,98 +194,58 @@ class MemoryArchive:
         name (`session_id`, `input_ids`, and optionally `cache`, `residual`, `tolerance`,
         `prompt_length`, `schedule`, `meta`, `max_relative_difference`). Every report's
         `added_bytes` is what the whole batch added."""
-        from seqkv_cli.archive.append import add_sources
-
         self._open()
         items = [dict(item) for item in sessions]
         if not items:
             raise SeqkvError("add_many: no sessions given")
         known = {s.id for s in self.sessions()} if self.path.is_file() else set()
-        prepared = []
+        prepared: list[PreparedSession] = []
         for item in items:
-            unknown = set(item) - _ADD_FIELDS
-            if unknown or not {"session_id", "input_ids"} <= set(item):
-                raise SeqkvError(
-                    "add_many: each session is a mapping with session_id, input_ids and "
-                    f"add()'s keyword arguments (got {sorted(item)})"
-                )
-            sid = check_session_id(item["session_id"])
+            args = add_arguments(item)
+            sid = check_session_id(args["session_id"])
             if sid in known:
                 raise SeqkvError(
                     f"{self.path} already has a session {sid!r}; ids must be unique"
-                    if sid not in {p[0] for p in prepared}
+                    if sid not in {p.session_id for p in prepared}
                     else f"session {sid!r} is given twice"
                 )
             known.add(sid)
-            prepared.append(self._prepare(sid, item))
-        sources = [p[1] for p in prepared]
-        if self.path.is_file():
-            result = add_sources(self.path, sources, self._lm)
-            added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
-        else:
-            created = self._create(sources)
-            if created is None:  # another writer created the file meanwhile: append to it
-                self._check_existing()
-                result = add_sources(self.path, sources, self._lm)
-                added, file_bytes, new = result.added_bytes, result.file_bytes, result.new_tokens
-            else:
-                added = file_bytes = created
-                new = None
+            prepared.append(prepare_session(self._lm, self._runner, self._coder, sid, args))
+        written = self._store([p.source for p in prepared])
         reports = []
-        for sid, source, ids, how, diff, note, rel in prepared:
+        for p in prepared:
             if verify:
-                self._verify(sid, source.capture, source.coder_for(self._coder))
-            fresh = len(ids) if new is None else (new if len(prepared) == 1 else None)
-            reports.append(AddReport(sid, len(ids), fresh, added, file_bytes, how, diff, note, rel))
+                self._verify(p.session_id, p.source.capture, p.source.coder_for(self._coder))
+            new = written.new_tokens
+            fresh = p.tokens if new is None else (new if len(prepared) == 1 else None)
+            reports.append(
+                AddReport(
+                    id=p.session_id,
+                    tokens=p.tokens,
+                    new_tokens=fresh,
+                    added_bytes=written.added_bytes,
+                    file_bytes=written.file_bytes,
+                    kv_strategy=p.kept.kv_strategy,
+                    max_abs_difference=p.kept.max_abs_difference,
+                    note=p.kept.note,
+                    relative_difference=p.kept.relative_difference,
+                )
+            )
         return reports
 
-    def _prepare(self, sid: str, item: dict):
-        """One session's source to store and what its report says (checked before any
-        model work where the arguments alone can be wrong)."""
-        from seqkv_cli.trie.sources import Source
-
-        ids = token_list(item["input_ids"], self._lm.vocab_size)
-        cache = item.get("cache")
-        residual = item.get("residual", "auto")
-        tolerance = item.get("tolerance")
-        prompt_length, schedule = item.get("prompt_length"), item.get("schedule")
-        limit = item.get("max_relative_difference")
-        meta = check_meta(item.get("meta"))
-        if residual not in RESIDUAL_CHOICES:
-            raise SeqkvError(f"residual must be one of {RESIDUAL_CHOICES}, not {residual!r}")
-        if tolerance is not None and residual in ("none", "replay"):
-            raise SeqkvError(
-                f"tolerance applies to a stored residual; residual={residual!r} keeps none"
-            )
-        if tolerance is not None:
-            self._coder_with(tolerance)  # a bad value is refused before any model work
-            residual = "lossless"
-        if (prompt_length is not None or schedule is not None) and residual in ("lossless", "none"):
-            raise SeqkvError(
-                f"prompt_length and schedule describe how to replay a cache; "
-                f"residual={residual!r} does not replay"
-            )
-        if tolerance is not None and cache is None:
-            raise SeqkvError("tolerance needs a cache: without one K/V are recomputed exactly")
-        if limit is not None and (
-            not isinstance(limit, int | float) or isinstance(limit, bool) or limit <= 0
-        ):
-            raise SeqkvError(f"max_relative_difference must be a number > 0, got {limit!r}")
-        if len(ids) > self._lm.max_context:
-            raise SeqkvError(
-                f"session {sid!r} has {len(ids)} tokens, more than the model context "
-                f"({self._lm.max_context})"
-            )
-        cap, how, diff, note, rel = self._capture(
-            sid, ids, cache, residual, tolerance, (prompt_length, schedule), limit
-        )
-        if meta:
-            cap.meta[USER_META_KEY] = meta
-        coder = self._coder_with(tolerance)
-        source = Source.from_capture(cap, coder if tolerance is not None else None)
-        return sid, source, ids, how, diff, note, rel
-
     # -- internals ------------------------------------------------------------------------
+    def _store(self, sources) -> Written:
+        """Append `sources` to the archive, or create it with them."""
+        from seqkv_cli.archive.append import add_sources
+
+        if not self.path.is_file():
+            created = self._create(sources)
+            if created is not None:
+                return Written(created, created, None)
+            self._check_existing()  # another writer created the file meanwhile: append to it
+        result = add_sources(self.path, sources, self._lm)
+        return Written(result.added_bytes, result.file_bytes, result.new_tokens)
+
     def _create(self, sources) -> int | None:
         """A new archive holding `sources`, published only if `path` still does not exist
         (a hard link never replaces a file): its size, or None when another writer won."""
@@ -365,6 +262,13 @@ class MemoryArchive:
     def _open(self) -> None:
         if self._closed:
             raise SeqkvError(f"the archive {self.path} is closed")
+
+    def _file(self) -> Path:
+        """The archive's file, for a question about one session (none before the first add)."""
+        self._open()
+        if not self.path.is_file():
+            raise SeqkvError(f"{self.path} has no sessions yet")
+        return self.path
 
     def _check_existing(self) -> None:
         """The file must be a trie archive of this model (checked before any work)."""
@@ -386,69 +290,6 @@ class MemoryArchive:
                 )
             self._coder = arc.codec  # the file's own codec decides how sessions are coded
 
-    def _coder_with(self, tolerance):
-        if tolerance is None:
-            return self._coder
-        if not isinstance(tolerance, int | float) or isinstance(tolerance, bool) or tolerance <= 0:
-            raise SeqkvError(f"tolerance must be a number > 0, got {tolerance!r}")
-        return type(self._coder).from_config({**self._coder.get_config(), "tolerance": tolerance})
-
-    def _capture(self, sid, ids, cache, residual, tolerance, how_filled, limit=None):
-        """The capture to store (the canonical run's tokens and surprisal, the K/V to keep),
-        how `load` will rebuild it, its distance from the user's cache, and a note."""
-        from seqkv_cli.api import replay as rp
-        from seqkv_cli.api.caches import cache_dtype_name, cache_kv
-        from seqkv_cli.kvcapture.engine import run_capture
-        from seqkv_cli.skv.verify import max_abs_error
-
-        lm = self._lm
-
-        def canonical(dtype: str):
-            cap = run_capture(lm, ids, dtype=dtype, numerics=self._coder.numerics)
-            cap.meta["session_id"] = sid
-            return cap
-
-        if cache is None:
-            if how_filled != (None, None):
-                raise SeqkvError("prompt_length and schedule describe a cache; none was given")
-            return canonical("bf16"), "recomputed", None, None, None
-        if residual == "none":  # only the dtype is kept; the cache may be partial
-            cap = canonical(cache_dtype_name(cache))
-            return cap, "recomputed", _partial_difference(cache, cap), None, None
-        shapes = {
-            "num_layers": lm.num_layers,
-            "num_kv_heads": lm.num_kv_heads,
-            "head_dim": lm.head_dim,
-        }
-        keys, values, dtype = cache_kv(cache, len(ids), shapes)
-        cap = canonical(dtype)
-        diff = max_abs_error(cap, SimpleNamespace(keys=keys, values=values))
-        rel, layer = relative_difference(keys, values, cap.keys, cap.values)
-        if limit is not None and rel > limit:
-            raise SeqkvError(
-                f"session {sid!r}: its cache is {rel:.3g} away from this model's "
-                f"recompute (relative, layer {layer}; at most {limit:g} allowed): a cache "
-                f"of another model? (this one is {lm.name}, fingerprint "
-                f"{lm.fingerprint[:16]})"
-            )
-        note = None
-        if residual in ("auto", "replay"):
-            schedule = rp.Schedule.for_tokens(len(ids), *how_filled)
-            rec = rp.make_record(self._runner, schedule, dtype, rp.cache_digest(keys, values))
-            if rp.reproduced(self._runner, ids, rec) is not None:
-                cap.meta["replay"] = rec  # K/V stay canonical: the record rebuilds the cache
-                return cap, "replay", diff, None, rel
-            note = (
-                f"replay did not reproduce the cache (schedule of {len(schedule.calls)} "
-                "forward calls; pass prompt_length= for a generate() cache, schedule= for one "
-                "continued from a loaded cache)"
-            )
-            if residual == "replay":
-                raise SeqkvError(f"session {sid!r}: {note}")
-        cap.keys, cap.values = keys, values
-        cap.meta["numeric_path"] = "user-cache"
-        return cap, ("within EPS" if tolerance is not None else "exact"), diff, note, rel
-
     def _verify(self, sid, cap, coder) -> None:
         from seqkv_cli.skv.verify import check_restored
 
@@ -465,106 +306,21 @@ def open_archive(path, model=None, *, tokenizer=None, codec="seq", numerics=None
     return MemoryArchive(path, model, tokenizer=tokenizer, codec=codec, numerics=numerics)
 
 
-_ADD_FIELDS = {
-    "session_id",
-    "input_ids",
-    "cache",
-    "residual",
-    "tolerance",
-    "prompt_length",
-    "schedule",
-    "meta",
-    "max_relative_difference",
+# `add_many` takes `add`'s arguments by name, with `add`'s defaults: one list, add()'s own.
+_ADD_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(MemoryArchive.add).parameters.items()
+    if name not in ("self", "verify")
 }
-USER_META_KEY = "meta"  # where a session's `add(meta=...)` is kept in its capture metadata
+_ADD_REQUIRED = {name for name, value in _ADD_DEFAULTS.items() if value is inspect.Parameter.empty}
 
 
-def check_meta(meta) -> dict:
-    """`add(meta=...)`: a dict of JSON-plain values (what the archive index can hold)."""
-    import json
-
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
-        raise SeqkvError("meta must be a dict with string keys")
-    for key, value in meta.items():
-        if not isinstance(value, str | int | float | dict) or value is None:
-            raise SeqkvError(
-                f"meta[{key!r}] is {type(value).__name__}; values must be str, int, float, "
-                "bool or dict"
-            )
-    try:
-        text = json.dumps(meta, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise SeqkvError(f"meta is not JSON-plain: {exc}") from None
-    if len(text) > 65536:
-        raise SeqkvError(f"meta is {len(text)} bytes of JSON; at most 65,536")
-    return json.loads(text)
-
-
-def relative_difference(keys, values, canon_keys, canon_values) -> tuple[float, int]:
-    """The worst layer's ‖cache - canonical‖ / ‖canonical‖ over K and V, and that layer."""
-    worst, at = 0.0, 0
-    for i, (k, v, ck, cv) in enumerate(zip(keys, values, canon_keys, canon_values, strict=True)):
-        num = sum(float((a.double() - b.double()).norm()) ** 2 for a, b in ((k, ck), (v, cv)))
-        den = sum(float(b.double().norm()) ** 2 for b in (ck, cv))
-        rel = (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else float("inf"))
-        if rel > worst:
-            worst, at = rel, i
-    return worst, at
-
-
-def check_session_id(session_id) -> str:
-    if not isinstance(session_id, str) or not session_id:
-        raise SeqkvError(f"a session id must be a non-empty string, not {session_id!r}")
-    if len(session_id) > MAX_ID_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in session_id):
+def add_arguments(item: dict) -> dict:
+    """One `add_many` item as `add`'s arguments, defaults filled in."""
+    names = set(item)
+    if names - set(_ADD_DEFAULTS) or not names >= _ADD_REQUIRED:
         raise SeqkvError(
-            f"session id {session_id[:40]!r}: at most {MAX_ID_CHARS} characters, "
-            "no control characters"
+            "add_many: each session is a mapping with session_id, input_ids and "
+            f"add()'s keyword arguments (got {sorted(item)})"
         )
-    return session_id
-
-
-def token_list(input_ids, vocab_size: int) -> list[int]:
-    """Token ids from a list, a 1-D tensor/array, or a (1, n) batch."""
-    import numpy as np
-
-    arr = input_ids.detach().cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
-    try:
-        arr = np.asarray(arr)
-    except (TypeError, ValueError):
-        raise SeqkvError("input_ids must be a list of ints, a tensor or an array") from None
-    if arr.ndim == 2 and arr.shape[0] == 1:
-        arr = arr[0]
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise SeqkvError(
-            f"input_ids must be one sequence of integer ids (n,) or (1, n), got shape "
-            f"{tuple(arr.shape)} of {arr.dtype}"
-        )
-    if arr.size == 0:
-        raise SeqkvError("input_ids is empty: nothing to store")
-    low, high = int(arr.min()), int(arr.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
-        raise SeqkvError(f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
-    return [int(t) for t in arr]
-
-
-def _partial_difference(cache, cap) -> float | None:
-    """residual='none': how far the user's cache is from what `load` will return, over the
-    positions each layer of it holds (the last ones, for a sliding window)."""
-    from seqkv_cli.api.caches import cache_layers
-
-    worst = 0.0
-    for (k, v), ck, cv in zip(cache_layers(cache), cap.keys, cap.values, strict=False):
-        if k.dim() != 4 or v.dim() != 4 or k.shape[0] != 1:
-            return None
-        n = k.shape[-2]
-        if n > ck.shape[1] or k.shape[1] != ck.shape[0]:
-            return None
-        for mine, canon in ((k[0], ck[:, ck.shape[1] - n :]), (v[0], cv[:, cv.shape[1] - n :])):
-            if mine.shape != canon.shape:
-                return None
-            diff = (mine.detach().cpu().double() - canon.double()).abs().max()
-            worst = max(worst, float(diff))
-    return worst
+    return {name: item.get(name, default) for name, default in _ADD_DEFAULTS.items()}

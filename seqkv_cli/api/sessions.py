@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from seqkv_cli.api.memory import check_session_id, token_list
+from seqkv_cli.api.arguments import check_fits_context, check_session_id, token_list
 from seqkv_cli.errors import SeqkvError
 
 
@@ -63,11 +63,7 @@ def compress_sessions(
             raise SeqkvError(f"session id {sid!r} is given twice; ids must be unique")
         seen.add(sid)
         ids = token_list(input_ids, lm.vocab_size)
-        if len(ids) > lm.max_context:
-            raise SeqkvError(
-                f"session {sid!r} has {len(ids)} tokens, more than the model context "
-                f"({lm.max_context})"
-            )
+        check_fits_context(sid, ids, lm)
         sources.append(Source.tokens_only(sid, ids, {**base, "positions": len(ids)}))
     if not sources:
         raise SeqkvError("no sessions to compress")

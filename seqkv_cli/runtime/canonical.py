@@ -79,15 +79,16 @@ class KVState:
         self.values[..., -1] = 1.0
         self.capacity = capacity
         self.length = 0
+        self.new_state = lm.new_state  # a fork's buffers come from the same model
 
     def layer_kv(self, layer: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer's first ``n`` positions (default: all), (kv_heads, n, head_dim)."""
         n = self.length if n is None else n
         return self.keys[layer, :, :n], self.values[layer, :, :n, :-1]
 
-    def fork(self, lm: CanonicalLM, length: int, capacity: int) -> KVState:
+    def fork(self, length: int, capacity: int) -> KVState:
         """A new state holding this one's first ``length`` positions (a trie branch point)."""
-        out = lm.new_state(capacity)
+        out = self.new_state(capacity)
         out.keys[:, :, :length] = self.keys[:, :, :length]
         out.values[:, :, :length, :-1] = self.values[:, :, :length, :-1]
         out.length = length

@@ -1,5 +1,5 @@
-"""What the serial and the Ray pipelines share: options, results, tokenizing a row, the
-output directory's checks and the manifest step."""
+"""What the serial and the Ray backends of the one pipeline (local.py) share: options,
+results, tokenizing a row, the output directory's checks and the manifest step."""
 
 from __future__ import annotations
 
@@ -55,6 +55,17 @@ class Progress:
             counts["skipped"],
             started,
         )
+
+
+@dataclass(frozen=True)
+class TokenizedSession:
+    """What the shard plan needs of one tokenized session (its token ids stay with the
+    backend that tokenized it)."""
+
+    where: str  # for messages: "file.jsonl:12", or the Ray rows' "dataset row"
+    id: str
+    tokens: int
+    key: str  # the prefix key (plan.prefix_key)
 
 
 @dataclass

@@ -1,14 +1,21 @@
 """`compress_dataset`: a session dataset -> a directory of shard archives + a manifest.
 
-Steps (the same with and without Ray): ids are checked over the whole input before any model
-work (a missing or repeated id is refused, naming its row); sessions are tokenized and keyed
-by their first tokens; the per-key counts give the shard plan (plan.py); every shard is built
-(shard.py) and published atomically; the manifest is written last. A rerun over the same
-input skips the shards that are complete, and removes shard files no longer in the plan.
+One driver, two backends (this process, or Ray Data: ray_data.py). Steps: ids are checked
+over the whole input before any model work (a missing or repeated id is refused, naming its
+row); the backend tokenizes the sessions and keys them by their first tokens; the per-key
+counts give the shard plan (plan.py); the backend builds every shard (shard.py) and publishes
+it atomically; the manifest is written last. A rerun over the same input skips the shards
+that are complete, and removes shard files no longer in the plan.
+
+A backend has four steps: `load_model()`, `running()` (a context around the work),
+`tokenize(paths, prefix_tokens, keep)` (`keep(TokenizedSession)` says whether the session is
+planned) and `build(root, plan, options, progress, on_progress)` (manifest rows, shards
+skipped as complete).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,12 +29,13 @@ from seqkv_cli.scale.common import (
     DatasetOptions,
     DatasetResult,
     Progress,
+    TokenizedSession,
     finish,
     prepare_output,
     tokenize_row,
 )
 from seqkv_cli.scale.plan import KeyStats
-from seqkv_cli.scale.shard import ShardSession, build_shard
+from seqkv_cli.scale.shard import ShardSession
 
 
 def compress_dataset(
@@ -47,9 +55,8 @@ def compress_dataset(
     Without `ray_address` the shards are built one after another in this process (the whole
     tokenized input is held in memory: 4 bytes a token); with it, on Ray Data (ray_data.py):
     "local" starts a cluster on this machine, "auto" joins a running one, or an address."""
-    from seqkv_cli.kvcapture.rows import check_ids, iter_dataset
-    from seqkv_cli.runtime.loading import resolve_model
-    from seqkv_cli.scale.plan import plan_shards, prefix_key
+    from seqkv_cli.kvcapture.rows import check_ids
+    from seqkv_cli.scale.plan import plan_shards
 
     options = options or DatasetOptions()
     if options.prefix_tokens < 1:
@@ -60,64 +67,99 @@ def compress_dataset(
     root = Path(out_dir)
     started = time.monotonic()
     check_ids(paths)  # streamed: a bad id is refused before any model is loaded
-    if ray_address is not None:
-        from seqkv_cli.scale.ray_data import compress_on_ray
+    if ray_address is None:
+        backend = SerialShards(model)
+    else:
+        from seqkv_cli.scale.ray_data import RayShards
 
-        return compress_on_ray(
-            paths,
-            root,
-            model,
-            options,
-            ray_address,
-            workers,
-            cpus_per_worker,
-            gpus_per_worker,
-            on_progress,
-            started,
-        )
-    lm = resolve_model(model)
+        backend = RayShards(model, ray_address, workers, cpus_per_worker, gpus_per_worker)
+    lm = backend.load_model()
     prepare_output(root, paths, lm.fingerprint)
-    by_key: dict[str, list] = defaultdict(list)
     fits = ContextFilter(lm.max_context, options.strict)
-    for row in iter_dataset(paths):
-        ids = tokenize_row(lm, row)
-        if fits.keep(row.where, row.id, len(ids)):
-            key = prefix_key(ids, options.prefix_tokens)
-            by_key[key].append((row.id, np.asarray(ids, dtype=np.int32)))
-    if not by_key:
-        raise fits.nothing_left()
-    stats = {k: KeyStats(len(v), sum(len(t) for _, t in v)) for k, v in by_key.items()}
-    plan = plan_shards(stats, max_sessions=options.shard_sessions, max_tokens=options.shard_tokens)
-    shards: dict[str, list] = defaultdict(list)
-    for key, items in by_key.items():
-        for sid, ids in items:
-            shards[plan.shard_of(key, sid)].append(ShardSession(sid, ids.astype(np.int64), key))
-    progress, rows = Progress(started=started), []
-    for name in sorted(shards):
-        members = shards[name]
-        shard_rows, skipped = build_shard(root / name, name, members, lm, options.shard_options())
-        rows.extend(shard_rows)
-        progress.shards += 1
-        progress.skipped_shards += int(skipped)
-        progress.sessions += len(members)
-        progress.tokens += sum(len(s.token_ids) for s in members)
-        progress.bytes += (root / name).stat().st_size
-        if on_progress:
-            on_progress(progress.line(len(shards)))
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> sessions, tokens
+
+    def keep(session: TokenizedSession) -> bool:
+        if not fits.keep(session.where, session.id, session.tokens):
+            return False
+        counts[session.key][0] += 1
+        counts[session.key][1] += session.tokens
+        return True
+
+    with backend.running():
+        backend.tokenize(paths, options.prefix_tokens, keep)
+        if not counts:
+            raise fits.nothing_left()
+        plan = plan_shards(
+            {k: KeyStats(*v) for k, v in counts.items()},
+            max_sessions=options.shard_sessions,
+            max_tokens=options.shard_tokens,
+        )
+        progress = Progress(started=started)
+        rows, skipped = backend.build(root, plan, options.shard_options(), progress, on_progress)
+    names = {r["shard"] for r in rows}  # the shards written (a split key's may be fewer)
     meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": fits.skipped}
-    manifest, removed, file_bytes = finish(root, rows, lm, set(shards), meta)
+    manifest, removed, file_bytes = finish(root, rows, lm, names, meta)
     return DatasetResult(
         root,
         manifest,
-        progress.sessions,
-        progress.tokens,
+        len(rows),
+        sum(r["tokens"] for r in rows),
         file_bytes,
-        len(shards),
-        progress.skipped_shards,
+        len(names),
+        skipped,
         fits.skipped,
         removed,
         time.monotonic() - started,
     )
+
+
+class SerialShards:
+    """The backend in this process: the tokenized sessions held in memory, shards built one
+    after another."""
+
+    def __init__(self, model) -> None:
+        self.model, self.lm = model, None
+        self.by_key: dict[str, list] = defaultdict(list)  # key -> (id, int32 token ids)
+
+    def load_model(self):
+        from seqkv_cli.runtime.loading import resolve_model
+
+        self.lm = resolve_model(self.model)
+        return self.lm
+
+    def running(self):
+        return contextlib.nullcontext()
+
+    def tokenize(self, paths, prefix_tokens: int, keep) -> None:
+        from seqkv_cli.kvcapture.rows import iter_dataset
+        from seqkv_cli.scale.plan import prefix_key
+
+        for row in iter_dataset(paths):
+            ids = tokenize_row(self.lm, row)
+            key = prefix_key(ids, prefix_tokens)
+            if keep(TokenizedSession(row.where, row.id, len(ids), key)):
+                self.by_key[key].append((row.id, np.asarray(ids, dtype=np.int32)))
+
+    def build(self, root: Path, plan, options: dict, progress: Progress, on_progress):
+        from seqkv_cli.scale.shard import build_shard
+
+        shards: dict[str, list] = defaultdict(list)
+        for key, items in self.by_key.items():
+            for sid, ids in items:
+                shards[plan.shard_of(key, sid)].append(ShardSession(sid, ids.astype(np.int64), key))
+        rows = []
+        for name in sorted(shards):
+            members = shards[name]
+            shard_rows, skipped = build_shard(root / name, name, members, self.lm, options)
+            rows.extend(shard_rows)
+            progress.shards += 1
+            progress.skipped_shards += int(skipped)
+            progress.sessions += len(members)
+            progress.tokens += sum(len(s.token_ids) for s in members)
+            progress.bytes += (root / name).stat().st_size
+            if on_progress:
+                on_progress(progress.line(len(shards)))
+        return rows, progress.skipped_shards
 
 
 def compress_dataset_to_file(inputs, out, model=None, options: DatasetOptions | None = None):

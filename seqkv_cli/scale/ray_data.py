@@ -8,26 +8,33 @@
 Ray retries a failed actor (`max_restarts`, `max_task_retries`); a shard that is already on
 disk with exactly its planned sessions is not rebuilt, so a rerun after a crash redoes only
 what was lost. The output directory must be one every node sees (a shared file system).
+
+This module is the driver's side: joining the cluster, and `RayShards`, the backend that
+`local.compress_dataset` drives; the stages that run on the cluster are in ray_stages.py.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.scale.common import Progress
+from seqkv_cli.scale.ray_stages import (
+    ROW_WHERE,
+    CompressShard,
+    TokenizeRows,
+    Tracker,
+    assign,
+    make_sink,
+    read_rows,
+)
 
 RETRIES = 3
 PROGRESS_ACTOR = "seqkv-progress"
-# Test-only fault injection: an actor compressing a shard whose path contains this value
-# exits hard once (the marker file beside the output remembers it) so Ray must retry it.
-KILL_SHARD_ENV = "SEQKV_TEST_KILL_SHARD"
 
 
 def _ray():
@@ -78,211 +85,112 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
         raise SeqkvError(f"cannot reach the Ray cluster at {address}: {why}") from None
 
 
-class TokenizeRows:
-    """Ray actor: rows -> id, token ids, length, prefix key (the model's tokenizer, once)."""
+class RayShards:
+    """The backend on Ray Data (the steps of the module note); `local.compress_dataset`
+    drives it."""
 
-    def __init__(self, model_spec, prefix_tokens: int) -> None:
+    def __init__(self, model, address: str, workers: int, cpus: float, gpus: float) -> None:
+        if model is not None and not isinstance(model, str | Path):
+            raise SeqkvError(
+                "with Ray the model is given as a folder or .gguf path (actors load it)"
+            )
+        if workers < 1 or cpus <= 0 or gpus < 0:
+            raise SeqkvError(
+                "--workers must be >= 1, --cpus-per-worker > 0, --gpus-per-worker >= 0"
+            )
+        if address not in ("local", "auto"):
+            _reachable(address)  # ray.init would retry an address nobody answers for minutes
+        _ray()
+        # actors load the model themselves: a local path is made absolute (their cwd differs)
+        spec = None if model is None else str(model)
+        if spec is not None and Path(spec).exists():
+            spec = str(Path(spec).resolve())
+        self.spec, self.address = spec, address
+        self.workers, self.cpus, self.gpus = workers, cpus, gpus
+        self.lm = self.ray = self.tracker = self.tokens = None
+        self.tracker_name = ""
+
+    def load_model(self):
+        """The driver's own copy: it checks the model and the output before the cluster works."""
         from seqkv_cli.runtime.loading import load_model
 
-        self.lm = load_model(model_spec)
-        self.prefix_tokens = prefix_tokens
+        self.lm = load_model(self.spec)
+        return self.lm
 
-    def __call__(self, batch: dict) -> dict:
-        from seqkv_cli.kvcapture.rows import row_from_mapping
-        from seqkv_cli.scale.common import tokenize_row
-        from seqkv_cli.scale.plan import prefix_key
+    @contextlib.contextmanager
+    def running(self):
+        """Connected, with the progress tracker; a Ray error becomes one SeqkvError line."""
+        ray = self.ray = connect(self.address, self.workers * self.cpus)
+        from ray.data import DataContext
+        from ray.data.context import ShuffleStrategy
 
-        out = {"id": [], "token_ids": [], "n": [], "key": []}
-        for obj in _records(batch):
-            row = row_from_mapping(obj, "dataset row")
-            ids = tokenize_row(self.lm, row)
-            out["id"].append(row.id)
-            out["token_ids"].append(np.asarray(ids, dtype=np.int32))
-            out["n"].append(len(ids))
-            out["key"].append(prefix_key(ids, self.prefix_tokens))
-        return {
-            "id": np.array(out["id"], dtype=object),
-            "token_ids": _object_array(out["token_ids"]),
-            "n": np.array(out["n"], dtype=np.int64),
-            "key": np.array(out["key"], dtype=object),
-        }
+        ctx = DataContext.get_current()
+        saved = ctx.shuffle_strategy, ctx.enable_progress_bars
+        # The sort shuffle needs no long-lived aggregator actors, which on a small cluster
+        # would hold the CPUs the compress actors wait for.
+        ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+        ctx.enable_progress_bars = False
+        self.tracker_name = f"{PROGRESS_ACTOR}-{os.getpid()}-{time.monotonic_ns()}"
+        self.tracker = ray.remote(num_cpus=0)(Tracker).options(name=self.tracker_name).remote()
+        try:
+            yield
+        except SeqkvError:
+            raise
+        except Exception as exc:  # a Ray task error wraps ours: show its last line, not a trace
+            raise SeqkvError(f"the Ray run failed: {_last_line(exc)}") from None
+        finally:
+            ctx.shuffle_strategy, ctx.enable_progress_bars = saved
+            ray.kill(self.tracker)
 
+    def tokenize(self, paths, prefix_tokens: int, keep) -> None:
+        from ray.data import ActorPoolStrategy
 
-class CompressShard:
-    """Ray actor: holds the model; one call gets one shard's rows and returns its file bytes
-    (None when the shard is already complete on disk) and its manifest rows."""
+        from seqkv_cli.scale.common import TokenizedSession
 
-    def __init__(
-        self, model_spec, root: str, options: dict, threads: int, device: str = "cpu"
-    ) -> None:
-        import torch
-
-        from seqkv_cli.runtime.devices import use_device
-        from seqkv_cli.runtime.loading import load_model
-
-        torch.set_num_threads(max(1, threads))
-        use_device(device)  # "auto": the GPU Ray assigned (--gpus-per-worker), else the CPU
-        self.lm = load_model(model_spec)
-        self.root = Path(root)
-        self.options = options
-
-    def __call__(self, group) -> dict:
-        import tempfile
-
-        from seqkv_cli.scale.shard import ShardSession, build_shard, holds_exactly, manifest_rows
-
-        name = str(group["shard"].iloc[0])
-        sessions = [
-            ShardSession(str(i), np.asarray(t, dtype=np.int64), str(k))
-            for i, t, k in zip(group["id"], group["token_ids"], group["key"], strict=True)
-        ]
-        final = self.root / name
-        if holds_exactly(final, sessions):
-            rows = manifest_rows(final, name, {s.id: s.prefix_key for s in sessions})
-            return _result(name, None, rows, sessions)
-        _maybe_die(name, self.root)
-        with tempfile.TemporaryDirectory(prefix="seqkv-shard-") as tmp:
-            built = Path(tmp) / name
-            rows, _ = build_shard(built, name, sessions, self.lm, self.options)
-            data = built.read_bytes()
-        return _result(name, data, rows, sessions)
-
-
-class Tracker:
-    """Ray actor (no CPU): sessions, tokens and bytes published so far, for the driver."""
-
-    def __init__(self) -> None:
-        self.done = {"sessions": 0, "tokens": 0, "bytes": 0, "shards": 0, "skipped": 0}
-
-    def add(self, **counts) -> None:
-        for k, v in counts.items():
-            self.done[k] += int(v)
-
-    def get(self) -> dict:
-        return dict(self.done)
-
-
-def make_sink(root: Path, tracker_name: str):
-    from ray.data import Datasink
-
-    class ShardSink(Datasink):
-        """Writes each shard's bytes to `root/<shard>` (temporary file, fsync, rename) and
-        returns the manifest rows; the driver writes the manifest once all are in."""
-
-        def __init__(self) -> None:
-            self.root = Path(root)
-            self.rows: list[dict] = []
-
-        def write(self, blocks, ctx):
-            import ray
-
-            from seqkv_cli.fsutil import atomic_path
-
-            tracker = ray.get_actor(tracker_name)
-            rows = []
-            for block in blocks:
-                for rec in _records(_columns(block)):
-                    name, data = str(rec["shard"]), rec["data"]
-                    if data is not None and len(data):
-                        with atomic_path(self.root / name) as tmp:
-                            tmp.write_bytes(bytes(data))
-                    shard_rows = json.loads(rec["rows"])
-                    rows.extend(shard_rows)
-                    tracker.add.remote(
-                        sessions=len(shard_rows),
-                        tokens=sum(r["tokens"] for r in shard_rows),
-                        bytes=(self.root / name).stat().st_size,
-                        shards=1,
-                        skipped=int(data is None or not len(data)),
-                    )
-            return rows
-
-        def on_write_complete(self, result) -> None:
-            returns = getattr(result, "write_returns", result)
-            self.rows = [r for part in returns for r in (part or [])]
-
-    return ShardSink()
-
-
-def compress_on_ray(
-    paths, root, model, options, address, workers, cpus, gpus, on_progress, started
-):
-    from seqkv_cli.runtime.loading import load_model
-    from seqkv_cli.scale.common import ContextFilter, DatasetResult, finish, prepare_output
-    from seqkv_cli.scale.plan import KeyStats, plan_shards
-
-    if model is not None and not isinstance(model, str | Path):
-        raise SeqkvError("with Ray the model is given as a folder or .gguf path (actors load it)")
-    if workers < 1 or cpus <= 0 or gpus < 0:
-        raise SeqkvError("--workers must be >= 1, --cpus-per-worker > 0, --gpus-per-worker >= 0")
-    if address not in ("local", "auto"):
-        _reachable(address)  # ray.init would retry an address nobody answers for minutes
-    _ray()
-    # actors load the model themselves: a local path is made absolute (their cwd differs)
-    spec = None if model is None else str(model)
-    if spec is not None and Path(spec).exists():
-        spec = str(Path(spec).resolve())
-    lm = load_model(spec)  # the driver checks the model and the output before the cluster works
-    prepare_output(root, paths, lm.fingerprint)
-    ray = connect(address, workers * cpus)
-    from ray.data import ActorPoolStrategy, DataContext
-    from ray.data.context import ShuffleStrategy
-
-    ctx = DataContext.get_current()
-    saved = ctx.shuffle_strategy, ctx.enable_progress_bars
-    # The sort shuffle needs no long-lived aggregator actors, which on a small cluster would
-    # hold the CPUs the compress actors wait for.
-    ctx.shuffle_strategy, ctx.enable_progress_bars = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED, False
-    tracker_name = f"{PROGRESS_ACTOR}-{os.getpid()}-{time.monotonic_ns()}"
-    tracker = ray.remote(num_cpus=0)(Tracker).options(name=tracker_name).remote()
-    try:
-        rows_ds = _read(ray, paths)
-        tokens = rows_ds.map_batches(
-            TokenizeRows,
-            fn_constructor_args=(spec, options.prefix_tokens),
-            compute=ActorPoolStrategy(size=workers),
-            num_cpus=cpus,
-            batch_format="pandas",
-        ).materialize()
-        stats: dict[str, list[int]] = {}
-        fits = ContextFilter(lm.max_context, options.strict)
-        for batch in tokens.select_columns(["id", "n", "key"]).iter_batches(batch_format="numpy"):
+        self.tokens = (
+            read_rows(self.ray, paths)
+            .map_batches(
+                TokenizeRows,
+                fn_constructor_args=(self.spec, prefix_tokens),
+                compute=ActorPoolStrategy(size=self.workers),
+                num_cpus=self.cpus,
+                batch_format="pandas",
+            )
+            .materialize()
+        )
+        columns = self.tokens.select_columns(["id", "n", "key"])
+        for batch in columns.iter_batches(batch_format="numpy"):
             for sid, n, key in zip(batch["id"], batch["n"], batch["key"], strict=True):
-                if fits.keep("dataset", str(sid), int(n)):
-                    s = stats.setdefault(str(key), [0, 0])
-                    s[0] += 1
-                    s[1] += int(n)
-        if not stats:
-            raise fits.nothing_left()
-        plan = plan_shards(
-            {k: KeyStats(*v) for k, v in stats.items()},
-            max_sessions=options.shard_sessions,
-            max_tokens=options.shard_tokens,
-        )
-        assigned = tokens.map_batches(
-            _assign,
-            fn_kwargs={"names_of": plan.names_of, "max_context": lm.max_context},
-            batch_format="numpy",
-        )
-        threads = max(1, int(cpus))
+                keep(TokenizedSession(ROW_WHERE, str(sid), int(n), str(key)))
+
+    def build(self, root: Path, plan, options: dict, progress: Progress, on_progress):
+        from ray.data import ActorPoolStrategy
+
         from seqkv_cli.runtime.devices import requested
 
-        device = requested()
+        assigned = self.tokens.map_batches(
+            assign,
+            fn_kwargs={"names_of": plan.names_of, "max_context": self.lm.max_context},
+            batch_format="numpy",
+        )
+        threads = max(1, int(self.cpus))
         shards = assigned.groupby("shard").map_groups(
             CompressShard,
-            fn_constructor_args=(spec, str(root), options.shard_options(), threads, device),
-            compute=ActorPoolStrategy(size=workers),
-            num_cpus=cpus,
-            num_gpus=gpus,
+            fn_constructor_args=(self.spec, str(root), options, threads, requested()),
+            compute=ActorPoolStrategy(size=self.workers),
+            num_cpus=self.cpus,
+            num_gpus=self.gpus,
             batch_format="pandas",
             max_restarts=RETRIES,
             max_task_retries=RETRIES,
         )
-        sink = make_sink(root, tracker_name)
+        sink = make_sink(root, self.tracker_name)
         total = len(set(n for names in plan.names_of.values() for n in names))
         stop = threading.Event()
         watcher = threading.Thread(
-            target=_report, args=(ray, tracker, total, started, stop, on_progress), daemon=True
+            target=_report,
+            args=(self.ray, self.tracker, total, progress.started, stop, on_progress),
+            daemon=True,
         )
         watcher.start()
         try:
@@ -290,126 +198,8 @@ def compress_on_ray(
         finally:
             stop.set()
             watcher.join()
-        done = ray.get(tracker.get.remote())
-    except SeqkvError:
-        raise
-    except Exception as exc:  # a Ray task error wraps ours: show its last line, not a trace
-        raise SeqkvError(f"the Ray run failed: {_last_line(exc)}") from None
-    finally:
-        ctx.shuffle_strategy, ctx.enable_progress_bars = saved
-        ray.kill(tracker)
-    names = set(n for names in plan.names_of.values() for n in names)
-    meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": fits.skipped}
-    manifest, removed, file_bytes = finish(root, sink.rows, lm, names, meta)
-    return DatasetResult(
-        Path(root),
-        manifest,
-        len(sink.rows),
-        sum(r["tokens"] for r in sink.rows),
-        file_bytes,
-        len(names),
-        done["skipped"],
-        fits.skipped,
-        removed,
-        time.monotonic() - started,
-    )
-
-
-def _read(ray, paths):
-    jsonl = [str(p) for p in paths if p.suffix.lower() == ".jsonl"]
-    parquet = [str(p) for p in paths if p.suffix.lower() == ".parquet"]
-    parts = []
-    if jsonl:  # one JSON text a row, parsed by the same checks as the serial reader
-        parts.append(ray.data.read_text(jsonl, drop_empty_lines=True).map_batches(_parse_json))
-    if parquet:
-        parts.append(ray.data.read_parquet(parquet).map_batches(_as_json))
-    return parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
-
-
-def _parse_json(batch: dict) -> dict:
-    return {"json": np.array(list(batch["text"]), dtype=object)}
-
-
-def _as_json(batch: dict) -> dict:
-    import pandas as pd
-
-    frame = pd.DataFrame(batch)
-    records = [
-        {k: _plain(v) for k, v in rec.items() if k in ("id", "messages", "text", "token_ids")}
-        for rec in frame.to_dict("records")
-    ]
-    return {"json": np.array([json.dumps(r) for r in records], dtype=object)}
-
-
-def _plain(value):
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, np.generic):
-        return value.item()
-    if value is None or (isinstance(value, float) and value != value):
-        return None
-    return value
-
-
-def _records(batch):
-    """The rows of a batch (dict of columns or a DataFrame) as dicts."""
-    if hasattr(batch, "to_dict"):
-        batch = {c: list(batch[c]) for c in batch.columns}
-    if "json" in batch:
-        return [json.loads(text) for text in batch["json"]]
-    names = list(batch)
-    count = len(batch[names[0]]) if names else 0
-    return [{n: batch[n][i] for n in names} for i in range(count)]
-
-
-def _columns(block) -> dict:
-    if hasattr(block, "to_pydict"):
-        return block.to_pydict()
-    return {c: list(block[c]) for c in block.columns}
-
-
-def _assign(batch: dict, names_of: dict, max_context: int) -> dict:
-    """Each row's shard; rows longer than the model context (counted already) are dropped."""
-    from seqkv_cli.scale.plan import ShardPlan
-
-    plan = ShardPlan(names_of)
-    keep = np.asarray(batch["n"]) <= max_context
-    kept = {name: np.asarray(col, dtype=object)[keep] for name, col in batch.items()}
-    kept["n"] = np.asarray(batch["n"])[keep]
-    shard = [plan.shard_of(str(k), str(i)) for k, i in zip(kept["key"], kept["id"], strict=True)]
-    return {**kept, "shard": np.array(shard, dtype=object)}
-
-
-def _object_array(items: list) -> np.ndarray:
-    arr = np.empty(len(items), dtype=object)
-    arr[:] = items
-    return arr
-
-
-def _result(name: str, data: bytes | None, rows: list[dict], sessions) -> dict:
-    return {
-        "shard": [name],
-        "data": [data],
-        "rows": [json.dumps(rows)],
-        "sessions": [len(sessions)],
-    }
-
-
-def _maybe_die(name: str, root: Path) -> None:
-    target = os.environ.get(KILL_SHARD_ENV)
-    if not target or target not in str(root / name):
-        return
-    marker = root / f".killed-{name}"
-    if marker.exists():
-        return
-    marker.write_text("killed once by the fault-injection test hook\n")
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)
+        done = self.ray.get(self.tracker.get.remote())
+        return sink.rows, done["skipped"]
 
 
 def _report(ray, tracker, total, started, stop, on_progress) -> None:

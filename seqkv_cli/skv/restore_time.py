@@ -101,7 +101,7 @@ def _pass_seconds(canon, context: int, rows: int) -> float:
     """The fastest of a few passes of `rows` single-token rows, each after `context` tokens."""
     state = canon.new_state(context + CALIBRATION_REPEATS + 1)
     canon.forward(state, _ids(canon, context))
-    states = [state.fork(canon, context, context + CALIBRATION_REPEATS + 1) for _ in range(rows)]
+    states = [state.fork(context, context + CALIBRATION_REPEATS + 1) for _ in range(rows)]
     best = float("inf")
     for k in range(CALIBRATION_REPEATS):
         ids = [int(x) for x in _ids(canon, rows + k)[k:]]

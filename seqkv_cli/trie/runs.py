@@ -24,7 +24,7 @@ def fork_track(adapter: CanonicalLogits, parent: Track, length: int, capacity: i
     `row` is the parent's logits after position length - 1 (what predicts the branch's first
     token). The copy leaves the tail zero, exactly like a state that never saw those positions.
     """
-    state = parent.state.fork(adapter.canon, length, adapter.room(capacity))
+    state = parent.state.fork(length, adapter.room(capacity))
     prefix = parent.surprisal[: max(length - 1, 0)].clone()
     track = Track(state, adapter.canon.surprisal, length, prefix, row)
     adapter.tracks.append(track)

@@ -182,7 +182,7 @@ def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
         profiles, rows = strings["profiles"], strings["sessions"]
     except (zlib.error, ValueError, KeyError, TypeError, RecursionError):
         raise r.fail("its session names do not decompress") from None
-    if _too_deep(strings, MAX_JSON_DEPTH):
+    if too_deep(strings, MAX_JSON_DEPTH):
         raise r.fail(f"its session names nest deeper than {MAX_JSON_DEPTH} levels")
     if r.pos != len(r.data):
         raise r.fail(f"{len(r.data) - r.pos} trailing bytes")
@@ -211,7 +211,7 @@ def _inflate(packed: bytes, limit: int, r: _Reader) -> bytes:
     return out
 
 
-def _too_deep(value, limit: int) -> bool:
+def too_deep(value, limit: int) -> bool:
     """Nesting depth over `limit` (iterative: later readers of the values may recurse)."""
     stack = [(value, 1)]
     while stack:

@@ -54,7 +54,9 @@ def test_users_own_cache_comes_back_bit_for_bit(tmp_path, user_model, dtype):
         canonical = arc.load("chat-42", replay=False)
         how = {s.id: s.restore for s in arc.sessions()}
         own = {s.id: s.bytes for s in arc.sessions()}
-    assert replayed.kv == "replay" and kept.kv == "exact" and replayed.tokens == 40
+    assert (
+        replayed.kv_strategy == "replay" and kept.kv_strategy == "exact" and replayed.tokens == 40
+    )
     assert replayed.max_abs_difference > 0  # transformers' numerics are not the canonical ones
     # a record instead of a residual: the replayed session's own bytes are its tokens
     assert how == {"chat-42": "replay", "chat-43": "canonical + residual"}
@@ -84,7 +86,7 @@ def test_a_generate_cache_replays_with_its_prompt_length(tmp_path, user_model):
         loaded = arc.load("g")
         with pytest.raises(SeqkvError, match="did not reproduce the cache"):
             arc.add("g2", seq, cache=out.past_key_values, residual="replay", prompt_length=n)
-    assert report.kv == "replay"
+    assert report.kv_strategy == "replay"
     _assert_same(out.past_key_values, loaded)
 
 
@@ -121,7 +123,7 @@ def test_an_agent_turn_continued_from_a_loaded_cache_replays_with_its_schedule(
         )
         _assert_same(out2.past_key_values, arc.load("turn-2"))
         assert arc.schedule("turn-2") == schedule and arc.schedule("turn-1") == [10, 1, 1, 1, 1]
-    assert report.kv == "replay" and report.new_tokens == n2 - n1
+    assert report.kv_strategy == "replay" and report.new_tokens == n2 - n1
 
 
 def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny_model_dir):
@@ -206,7 +208,9 @@ def test_tokens_only_recomputes_and_a_growing_session_pays_for_new_tokens(tmp_pa
         loaded = arc.load("turn-2")
         assert arc.tokens("turn-1") == ids[0, :32].tolist()
         assert "turn-1" in arc and len(arc) == 2
-    assert first.kv == "recomputed" and first.max_abs_difference is None
+    assert first.kv_strategy == "recomputed" and first.max_abs_difference is None
+    with pytest.warns(DeprecationWarning, match="kv_strategy"):
+        assert first.kv == "recomputed"  # the name docs/API.md used before
     # the first session alone is a compact file (43 bytes + its id beyond the tokens) ...
     assert first.added_bytes == first.file_bytes < 43 + len("turn-1") + 32 * 2
     # ... and the second add codes only the 16 tokens the first did not have
@@ -227,7 +231,7 @@ def test_residual_none_says_how_far_the_recompute_is(tmp_path, user_model, tiny_
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         report = arc.add("s", ids, cache=cache, residual="none")
         loaded = arc.load("s")
-    assert report.kv == "recomputed" and report.max_abs_difference > 0
+    assert report.kv_strategy == "recomputed" and report.max_abs_difference > 0
     worst = max(
         float((a - b).abs().max())
         for (ka, va), (kb, vb) in zip(_layers(cache), _layers(loaded), strict=True)
@@ -245,7 +249,7 @@ def test_tolerance_keeps_every_element_within_eps(tmp_path, user_model):
         loaded = arc.load("s")
     with seqkv.open_archive(tmp_path / "exact.skv", model=user_model) as arc:
         exact = arc.add("s", ids, cache=cache)
-    assert report.kv == "within EPS"
+    assert report.kv_strategy == "within EPS"
     assert report.file_bytes < exact.file_bytes
     for (ka, va), (kb, vb) in zip(_layers(cache), _layers(loaded), strict=True):
         assert float((ka - kb).abs().max()) <= eps and float((va - vb).abs().max()) <= eps
@@ -437,7 +441,7 @@ def test_max_relative_difference_refuses_another_models_cache(tmp_path, tiny_lm)
     own = to_cache(cap.keys, cap.values)
     with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
         ok = arc.add("own", ids, cache=own, residual="lossless", max_relative_difference=0.01)
-        assert ok.relative_difference == 0.0 and ok.kv == "exact"
+        assert ok.relative_difference == 0.0 and ok.kv_strategy == "exact"
         foreign = to_cache([k.flip(1) for k in cap.keys], [v.flip(1) for v in cap.values])
         with pytest.raises(SeqkvError, match="a cache of another model"):
             arc.add("other", ids, cache=foreign, residual="lossless", max_relative_difference=0.25)

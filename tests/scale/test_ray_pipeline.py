@@ -10,21 +10,50 @@ from test_sharded import restored_sessions, same_capture
 from seqkv_cli.archive.manifest import read_manifest
 from seqkv_cli.scale.common import DatasetOptions
 from seqkv_cli.scale.local import compress_dataset
-from seqkv_cli.scale.ray_data import KILL_SHARD_ENV
 
 ray = pytest.importorskip("ray", reason="Ray Data is not installed (pip install 'seqkv[ray]')")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    import os
+def killed(tmp_path_factory):
+    """Where the fault injected into the workers leaves a marker for each shard it killed."""
+    return tmp_path_factory.mktemp("killed")
 
-    # The fault hook's variable must be in the workers' environment: set before they start.
-    os.environ[KILL_SHARD_ENV] = "killed-run/shard-00001"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+@pytest.fixture(scope="module")
+def cluster(killed):
+    markers = str(killed)
+
+    def kill_the_first_build_of_shard_1() -> None:
+        """Runs in every Ray worker as it starts (pickled by value: the workers cannot import
+        this test module): the first worker to build shard-00001 dies hard, once, before
+        writing anything, so Ray must restart the actor and retry the shard."""
+        import os
+        import signal
+        from pathlib import Path
+
+        from seqkv_cli.scale import shard
+
+        build = shard.build_shard
+
+        def build_or_die(target, name, *args, **kwargs):
+            marker = Path(markers) / f".killed-{name}"
+            if name.startswith("shard-00001") and not marker.exists():
+                marker.write_text("killed once by the fault injected by the test\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+            return build(target, name, *args, **kwargs)
+
+        shard.build_shard = build_or_die
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"worker_process_setup_hook": kill_the_first_build_of_shard_1},
+    )
     yield
     ray.shutdown()
-    os.environ.pop(KILL_SHARD_ENV, None)
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +76,12 @@ def run(dataset, out, lm_dir, lines=None):
 
 
 def test_ray_shards_equal_the_serial_run_despite_a_killed_actor(
-    cluster, dataset, tiny_model_dir, tiny_lm, tmp_path
+    cluster, killed, dataset, tiny_model_dir, tiny_lm, tmp_path
 ):
     lines: list[str] = []
-    out = tmp_path / "killed-run"  # the fault hook kills the actor on shard-00001 once
+    out = tmp_path / "killed-run"  # the injected fault kills the actor on shard-00001 once
     on_ray = run(dataset, out, tiny_model_dir, lines)
-    assert len(list(out.glob(".killed-*"))) == 1, "the fault hook did not fire once"
+    assert len(list(killed.glob(".killed-*"))) == 1, "the injected fault did not fire once"
     serial = compress_dataset(
         [dataset], tmp_path / "serial", tiny_lm, options=DatasetOptions(shard_sessions=4)
     )

@@ -73,7 +73,7 @@ class PortableState:
         n = self.length if n is None else n
         return self.keys[layer, :, :n].cpu(), self.values[layer, :, :n].cpu()
 
-    def fork(self, lm, length: int, capacity: int) -> PortableState:
+    def fork(self, length: int, capacity: int) -> PortableState:
         """A new state holding this one's first ``length`` positions (a trie branch point)."""
         if length > self.length:
             raise SeqkvError(f"cannot fork at {length}: the state holds {self.length} positions")

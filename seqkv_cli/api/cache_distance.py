@@ -1,0 +1,36 @@
+"""How far a user's cache is from this model's canonical recompute (what `add` reports, and
+what `max_relative_difference` refuses)."""
+
+from __future__ import annotations
+
+
+def relative_difference(keys, values, canon_keys, canon_values) -> tuple[float, int]:
+    """The worst layer's ‖cache - canonical‖ / ‖canonical‖ over K and V, and that layer."""
+    worst, at = 0.0, 0
+    for i, (k, v, ck, cv) in enumerate(zip(keys, values, canon_keys, canon_values, strict=True)):
+        num = sum(float((a.double() - b.double()).norm()) ** 2 for a, b in ((k, ck), (v, cv)))
+        den = sum(float(b.double().norm()) ** 2 for b in (ck, cv))
+        rel = (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else float("inf"))
+        if rel > worst:
+            worst, at = rel, i
+    return worst, at
+
+
+def partial_difference(cache, cap) -> float | None:
+    """residual='none': how far the user's cache is from what `load` will return, over the
+    positions each layer of it holds (the last ones, for a sliding window)."""
+    from seqkv_cli.api.caches import cache_layers
+
+    worst = 0.0
+    for (k, v), ck, cv in zip(cache_layers(cache), cap.keys, cap.values, strict=False):
+        if k.dim() != 4 or v.dim() != 4 or k.shape[0] != 1:
+            return None
+        n = k.shape[-2]
+        if n > ck.shape[1] or k.shape[1] != ck.shape[0]:
+            return None
+        for mine, canon in ((k[0], ck[:, ck.shape[1] - n :]), (v[0], cv[:, cv.shape[1] - n :])):
+            if mine.shape != canon.shape:
+                return None
+            diff = (mine.detach().cpu().double() - canon.double()).abs().max()
+            worst = max(worst, float(diff))
+    return worst
