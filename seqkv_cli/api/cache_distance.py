@@ -3,17 +3,41 @@ what `max_relative_difference` refuses)."""
 
 from __future__ import annotations
 
+import math
+
+import torch
+
 
 def relative_difference(keys, values, canon_keys, canon_values) -> tuple[float, int]:
-    """The worst layer's ‖cache - canonical‖ / ‖canonical‖ over K and V, and that layer."""
+    """The worst layer's ‖cache - canonical‖ / ‖canonical‖ over K and V, and that layer.
+
+    NaN-aware: a NaN or Inf where the recompute is finite is infinitely far (a NaN distance
+    used to compare false and skip its layer, so all-NaN K/V read as 0 % away); a non-finite
+    element equal to the recompute's own (both NaN, or the same Inf) is no difference.
+    """
     worst, at = 0.0, 0
     for i, (k, v, ck, cv) in enumerate(zip(keys, values, canon_keys, canon_values, strict=True)):
-        num = sum(float((a.double() - b.double()).norm()) ** 2 for a, b in ((k, ck), (v, cv)))
-        den = sum(float(b.double().norm()) ** 2 for b in (ck, cv))
-        rel = (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else float("inf"))
+        rel = _layer_distance(((k, ck), (v, cv)))
         if rel > worst:
             worst, at = rel, i
+        if math.isinf(worst):
+            break
     return worst, at
+
+
+def _layer_distance(pairs) -> float:
+    num = den = 0.0
+    for mine, canon in pairs:
+        a, b = mine.double(), canon.double()
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        if not bool(torch.isfinite(a).logical_or(same).all()):
+            return math.inf
+        finite = torch.isfinite(b)
+        num += float(torch.where(same | ~finite, 0.0, a - b).norm()) ** 2
+        den += float(torch.where(finite, b, 0.0).norm()) ** 2
+    if not math.isfinite(num):
+        return math.inf
+    return (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else math.inf)
 
 
 def partial_difference(cache, cap) -> float | None:

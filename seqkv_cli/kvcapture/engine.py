@@ -50,7 +50,7 @@ def check_text_length(lm, text: str, source: str) -> None:
     than the model's context."""
     per_token = 2 * max_token_chars(lm.tokenizer)
     if len(text) > lm.max_context * per_token:
-        at_least = len(text) // per_token
+        at_least = max(len(text) // per_token, lm.max_context + 1)
         raise SessionTooLong(
             f"{source}: {len(text):,} characters, at least {at_least:,} tokens: more than the "
             f"model context ({lm.max_context:,}); split it into shorter sessions",

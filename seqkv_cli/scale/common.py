@@ -82,13 +82,23 @@ class DatasetResult:
     seconds: float
 
 
-def tokenize_row(lm, row) -> list[int]:
-    """A dataset row's token ids (chat messages through the model's chat template)."""
-    from seqkv_cli.kvcapture.engine import tokenize
+def tokenize_row(lm, row, fits: ContextFilter | None = None) -> list[int] | None:
+    """A dataset row's token ids (chat messages through the model's chat template).
+
+    A text too long for the context is found before the tokenizer runs: with `fits` (not
+    strict) it is skipped and counted like any session past the context (None); else its
+    one-line refusal is raised."""
+    from seqkv_cli.kvcapture.engine import SessionTooLong, tokenize
     from seqkv_cli.kvcapture.inputs import Document
 
     doc = Document(row.id, row.where, row.text, row.messages, row.token_ids)
-    ids = tokenize(lm, doc)
+    try:
+        ids = tokenize(lm, doc)
+    except SessionTooLong:
+        if fits is None or fits.strict:
+            raise
+        fits.skipped += 1
+        return None
     if not ids:
         raise SeqkvError(f"{row.where}: session {row.id!r} has no tokens")
     return ids

@@ -86,7 +86,7 @@ def compress_dataset(
         return True
 
     with backend.running():
-        backend.tokenize(paths, options.prefix_tokens, keep)
+        backend.tokenize(paths, options.prefix_tokens, keep, fits)
         if not counts:
             raise fits.nothing_left()
         plan = plan_shards(
@@ -130,12 +130,14 @@ class SerialShards:
     def running(self):
         return contextlib.nullcontext()
 
-    def tokenize(self, paths, prefix_tokens: int, keep) -> None:
+    def tokenize(self, paths, prefix_tokens: int, keep, fits: ContextFilter) -> None:
         from seqkv_cli.kvcapture.rows import iter_dataset
         from seqkv_cli.scale.plan import prefix_key
 
         for row in iter_dataset(paths):
-            ids = tokenize_row(self.lm, row)
+            ids = tokenize_row(self.lm, row, fits)
+            if ids is None:  # longer than the context: skipped and counted
+                continue
             key = prefix_key(ids, prefix_tokens)
             if keep(TokenizedSession(row.where, row.id, len(ids), key)):
                 self.by_key[key].append((row.id, np.asarray(ids, dtype=np.int32)))
@@ -175,8 +177,8 @@ def compress_dataset_to_file(inputs, out, model=None, options: DatasetOptions | 
     lm = resolve_model(model)
     sessions, fits = [], ContextFilter(lm.max_context, options.strict)
     for row in iter_dataset(paths):
-        ids = tokenize_row(lm, row)
-        if fits.keep(row.where, row.id, len(ids)):
+        ids = tokenize_row(lm, row, fits)
+        if ids is not None and fits.keep(row.where, row.id, len(ids)):
             sessions.append((row.id, np.asarray(ids, dtype=np.int64)))
     if not sessions:
         raise fits.nothing_left()

@@ -142,7 +142,7 @@ class RayShards:
             ctx.shuffle_strategy, ctx.enable_progress_bars = saved
             ray.kill(self.tracker)
 
-    def tokenize(self, paths, prefix_tokens: int, keep) -> None:
+    def tokenize(self, paths, prefix_tokens: int, keep, fits=None) -> None:
         from ray.data import ActorPoolStrategy
 
         from seqkv_cli.scale.common import TokenizedSession

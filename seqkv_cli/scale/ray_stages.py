@@ -22,6 +22,7 @@ class TokenizeRows:
         self.prefix_tokens = prefix_tokens
 
     def __call__(self, batch: dict) -> dict:
+        from seqkv_cli.kvcapture.engine import SessionTooLong
         from seqkv_cli.kvcapture.rows import row_from_mapping
         from seqkv_cli.scale.common import tokenize_row
         from seqkv_cli.scale.plan import prefix_key
@@ -29,10 +30,13 @@ class TokenizeRows:
         out = {"id": [], "token_ids": [], "n": [], "key": []}
         for obj in _records(batch):
             row = row_from_mapping(obj, ROW_WHERE)
-            ids = tokenize_row(self.lm, row)
+            try:
+                ids, n = tokenize_row(self.lm, row), None
+            except SessionTooLong as exc:  # the driver's context filter skips or refuses it
+                ids, n = [], exc.at_least
             out["id"].append(row.id)
             out["token_ids"].append(np.asarray(ids, dtype=np.int32))
-            out["n"].append(len(ids))
+            out["n"].append(len(ids) if n is None else n)
             out["key"].append(prefix_key(ids, self.prefix_tokens))
         return {
             "id": np.array(out["id"], dtype=object),

@@ -20,6 +20,7 @@ Codecs are found through sequential/registry.py (built-ins and the
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,8 +98,10 @@ class SessionCodec(Configurable):
                 raise SeqkvError(f"{name} must be a positive integer, got {value!r}")
         if residual not in RESIDUAL_MODES:
             raise SeqkvError(f"unknown residual mode '{residual}'; use one of {RESIDUAL_MODES}")
-        if tolerance is not None and not (isinstance(tolerance, int | float) and tolerance > 0):
-            raise SeqkvError(f"--tolerance must be a number > 0, got {tolerance}")
+        if tolerance is not None and not (
+            isinstance(tolerance, int | float) and math.isfinite(tolerance) and tolerance > 0
+        ):
+            raise SeqkvError(f"--tolerance must be a finite number > 0, got {tolerance}")
         self.precision_bits, self.chunk_size, self.residual = precision_bits, chunk_size, residual
         self.tolerance = None if tolerance is None else float(tolerance)
         # With a tolerance, residuals below it are dropped: restore is within EPS, not exact.

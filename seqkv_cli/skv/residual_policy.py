@@ -10,6 +10,8 @@ label each way of keeping K/V goes by (checked from the arguments alone, before 
 
 from __future__ import annotations
 
+import math
+
 from seqkv_cli.errors import SeqkvError
 
 RESIDUAL_CHOICES = ("auto", "replay", "lossless", "none")
@@ -22,9 +24,15 @@ WITHIN_EPS = "within EPS"  # canonical recompute + the residual elements above a
 
 
 def check_positive_number(name: str, value) -> None:
-    """`value` is an int or float above 0 (a bool is not a number here)."""
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise SeqkvError(f"{name} must be a number > 0, got {value!r}")
+    """`value` is a finite int or float above 0 (a bool is not a number here; a NaN limit
+    compares false with everything, so it would turn the check it sets off)."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise SeqkvError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 def residual_to_use(residual, tolerance, *, has_cache: bool, describes_filling: bool) -> str:

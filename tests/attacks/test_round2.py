@@ -270,7 +270,7 @@ def test_a_huge_single_word_never_reaches_the_tokenizer(tmp_path, tiny_lm, tiny_
 
     assert max_token_chars(tiny_lm.tokenizer) == len("<|im_start|>")
     check_text_length(tiny_lm, "a" * 12_288, "ok")
-    with pytest.raises(SessionTooLong, match="12,289 characters, at least 512 tokens"):
+    with pytest.raises(SessionTooLong, match="12,289 characters, at least 513 tokens"):
         check_text_length(tiny_lm, "a" * 12_289, "big")
     big = tmp_path / "big.txt"
     big.write_text("x" * 3_000_000)
@@ -341,3 +341,20 @@ def test_the_guard_limit_must_be_finite_and_positive(tmp_path, tiny_lm, tiny_mod
             arc.add("s", TOKENS, nan_cache, max_relative_difference=0.25)
         report = arc.add("s", TOKENS, cache, max_relative_difference=0.25)
         assert report.relative_difference == 0.0
+
+
+def test_a_huge_dataset_row_is_skipped_and_counted_or_refused(tmp_path, tiny_lm):
+    """A dataset row too long for the context by its characters alone is never tokenized:
+    skipped and counted like any session past the context, or refused with --strict."""
+    from seqkv_cli.archive.manifest import read_manifest
+    from seqkv_cli.scale.common import DatasetOptions
+    from seqkv_cli.scale.local import compress_dataset
+
+    rows = tmp_path / "rows.jsonl"
+    lines = [{"id": "small", "text": "a short session"}, {"id": "huge", "text": "w" * 2_000_000}]
+    rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = compress_dataset([rows], tmp_path / "out", tiny_lm)
+    assert result.sessions == 1 and result.too_long == 1
+    assert list(read_manifest(tmp_path / "out").rows["session_id"]) == ["small"]
+    with pytest.raises(SeqkvError, match=r"rows\.jsonl:2: 2,000,000 characters"):
+        compress_dataset([rows], tmp_path / "strict", tiny_lm, options=DatasetOptions(strict=True))
