@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -145,6 +146,25 @@ def publish(staged: Path, target: Path, *, exclusive: bool = False) -> bool:
         discard_quietly(staged)
     fsync_dir(target.absolute().parent)
     return True
+
+
+def publish_directory(staging: Path, target: Path) -> None:
+    """A finished directory under its real name (a converted model). A folder already there
+    is an unfinished copy: it is renamed aside first (a rename cannot replace a non-empty
+    folder), put back if the swap fails, and deleted once it succeeded."""
+    staging, target = Path(staging), Path(target)
+    if not target.exists():
+        os.rename(staging, target)
+    else:
+        aside = staging.with_name(staging.name + ".old")
+        os.rename(target, aside)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    fsync_dir(target.absolute().parent)
 
 
 @contextlib.contextmanager

