@@ -15,7 +15,6 @@ archive together, so each can guess from the other.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -93,6 +92,7 @@ def measure(lm, name: str, spec: list[str], tokens: int, folder: Path) -> dict:
     return row
 
 
+@torch.no_grad()  # nothing here trains: no autograd graphs
 def main(argv: list[str] | None = None) -> dict:
     parser = harness.parser(__doc__)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -100,11 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     lm = harness.start(args)
-    rows = []
-    for name in args.cases:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(lm, name, CASES[name], args.tokens, Path(tmp)))
-        print(rows[-1], flush=True)
+    rows = harness.per_case(
+        args.cases, lambda name, folder: measure(lm, name, CASES[name], args.tokens, folder)
+    )
     return harness.finish(args, lm, markdown, rows=rows)
 
 
@@ -128,5 +126,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    with torch.no_grad():
-        main()
+    main()

@@ -22,7 +22,6 @@ beyond a tokens-only archive of the same ids (and beyond the token payload).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -153,6 +152,7 @@ def _add_replayed(path: Path, model, sid: str, ids, cache):
         return arc.add(sid, ids, cache=cache)
 
 
+@torch.no_grad()  # nothing here trains: no autograd graphs
 def main(argv: list[str] | None = None) -> dict:
     parser = harness.parser(__doc__)
     parser.add_argument("--tokens", type=int, default=400)
@@ -163,15 +163,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     lm = harness.start(args)
     canon = build_canonical(lm.model, DEFAULT)
-    rows = []
-    for i, (text, dtype) in enumerate(CASES):
-        with tempfile.TemporaryDirectory() as tmp:
-            verify = args.verify_all or i == 0
-            rows.append(measure(lm, canon, text, dtype, args.tokens, Path(tmp), verify))
-        print(rows[-1], flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        replay = [replay_case(lm, "prose.txt", args.tokens, Path(tmp))]
-    print(replay[-1], flush=True)
+
+    def case(i: int, folder: Path) -> dict:
+        text, dtype = CASES[i]
+        verify = args.verify_all or i == 0
+        return measure(lm, canon, text, dtype, args.tokens, folder, verify)
+
+    rows = harness.per_case(range(len(CASES)), case)
+    replay = harness.per_case(
+        ["prose.txt"], lambda text, folder: replay_case(lm, text, args.tokens, folder)
+    )
     return harness.finish(args, lm, markdown, rows=rows, replay=replay)
 
 
@@ -214,5 +215,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    with torch.no_grad():
-        main()
+    main()

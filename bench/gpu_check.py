@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     sessions, tokens = args.sessions or (4 if dry else 64), args.tokens or (8 if dry else 128)
     chars = 60 if dry else 400  # characters per session of the whole-file step (byte tokens)
     report = {
+        "environment": harness.environment(),
+        "command": harness.command_line(),
         "mode": "cpu dry run" if dry else "gpu",
         "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name() if not dry else "cpu",

@@ -92,6 +92,20 @@ def best_of(fn: Callable[[], object], repeat: int) -> tuple[object, float]:
     return result, best
 
 
+def per_case(cases, measure: Callable[[object, Path], dict]) -> list[dict]:
+    """`measure(case, folder)` for every case, each in a scratch folder of its own that is
+    gone before the next case starts; each row printed as it comes (a long run shows progress
+    and a stopped one what it had)."""
+    import tempfile
+
+    rows = []
+    for case in cases:
+        with tempfile.TemporaryDirectory(prefix="seqkv-bench-") as tmp:
+            rows.append(measure(case, Path(tmp)))
+        print(rows[-1], flush=True)
+    return rows
+
+
 # --- the environment ----------------------------------------------------------------------
 
 

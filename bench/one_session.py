@@ -13,7 +13,6 @@ compared with its capture bit for bit before it is counted.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -64,6 +63,7 @@ def measure(lm, text: str, folder: Path, verify: bool) -> dict:
     }
 
 
+@torch.no_grad()  # nothing here trains: no autograd graphs
 def main(argv: list[str] | None = None) -> dict:
     parser = harness.parser(__doc__)
     parser.add_argument("--texts", nargs="+", default=TEXTS)
@@ -71,11 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     lm = harness.start(args)
-    rows = []
-    for text in args.texts:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(lm, text, Path(tmp), text in args.verify))
-        print(rows[-1], flush=True)
+    rows = harness.per_case(
+        args.texts, lambda text, folder: measure(lm, text, folder, text in args.verify)
+    )
     return harness.finish(args, lm, markdown, rows=rows)
 
 
@@ -101,5 +99,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    with torch.no_grad():
-        main()
+    main()

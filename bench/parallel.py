@@ -14,7 +14,6 @@ transformers DynamicCache step loop over the same tokens is timed for scale.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -111,6 +110,7 @@ def measure(lm, name: str, args, folder: Path) -> dict:
     return row
 
 
+@torch.no_grad()  # nothing here trains: no autograd graphs
 def main(argv: list[str] | None = None) -> dict:
     parser = harness.parser(__doc__)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -124,10 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--speed-runs must start with 1 (the speed-up is against it)")
 
     lm = harness.start(args)
-    rows = []
-    for name in args.cases:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(lm, name, args, Path(tmp)))
+    rows = harness.per_case(args.cases, lambda name, folder: measure(lm, name, args, folder))
     return harness.finish(args, lm, markdown, rows=rows)
 
 
@@ -165,5 +162,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    with torch.no_grad():
-        main()
+    main()

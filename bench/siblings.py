@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import torch
@@ -146,6 +145,7 @@ def measure(lm, name: str, inputs, args, folder: Path) -> dict:
 CASES = {"chats": chat_inputs, "independent": independent_inputs}
 
 
+@torch.no_grad()  # nothing here trains: no autograd graphs
 def main(argv: list[str] | None = None) -> dict:
     parser = harness.parser(__doc__)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -153,13 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokens", type=int, default=160, help="independent: tokens each")
     args = parser.parse_args(argv)
     lm = harness.start(args)
-    rows = []
-    for name in args.cases:
-        with tempfile.TemporaryDirectory() as tmp:
-            case_args = argparse.Namespace(**vars(args))
-            if name == "chats":
-                case_args.tokens = None  # whole chats: the shared prompt and each reply
-            rows.append(measure(lm, name, CASES[name], case_args, Path(tmp)))
+
+    def case(name: str, folder: Path) -> dict:
+        case_args = argparse.Namespace(**vars(args))
+        if name == "chats":
+            case_args.tokens = None  # whole chats: the shared prompt and each reply
+        return measure(lm, name, CASES[name], case_args, folder)
+
+    rows = harness.per_case(args.cases, case)
     return harness.finish(args, lm, markdown, rows=rows)
 
 
@@ -189,5 +190,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    with torch.no_grad():
-        main()
+    main()
