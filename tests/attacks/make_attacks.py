@@ -32,7 +32,7 @@ def _sources(folder: Path) -> list[Path]:
 
 def _names(sections, raw: bytes) -> None:
     """Replace the zlib'd names at the end of t1/index with `raw`, compressed."""
-    from test_structure_fuzz import _names_length
+    from tests.skv.test_structure_fuzz import _names_length
 
     table = sections["t1/index"]
     head = bytearray(table[: len(table) - _names_length(table)])

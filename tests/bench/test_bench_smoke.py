@@ -232,7 +232,11 @@ def test_gpu_check_cpu_dry_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_seq(model, tmp_path):
+def test_seq(tmp_path):
+    from tests.conftest import build_tiny_model
+
+    # bench_seq captures whole sample texts: up to ~9,400 byte tokens
+    model = str(build_tiny_model(tmp_path / "tiny", context=16384))
     out = run_bench("bench_seq", ["--model", model], tmp_path)
     assert all(r["exact"] for r in out["rows"]) and out["speed"]["hf_step_loop_tokens_per_s"] > 0
 
