@@ -1,2 +1,3 @@
-"""The seqkv benchmark suite (`python bench/run.py`); a package so its modules import as
-`bench.<name>` and never shadow test helpers with the same short names."""
+"""The seqkv benchmarks, run as modules from the repository root (`python -m bench.run`,
+`python -m bench.drafts ...`) on one harness (`bench.harness`); a package so its modules import
+as `bench.<name>` and never shadow test helpers with the same short names."""

@@ -9,22 +9,19 @@ what the same turns cost as bf16 caches (one per turn, as a naive store keeps th
 last one alone). The last turn is then loaded back from each archive (timed; `load` decodes
 the token stream by stepping the model once per token) and compared bit for bit.
 
-    python bench/agent_memory.py --max-tokens 600 --append docs/BENCHMARKS.md
+    python -m bench.agent_memory --max-tokens 600 --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, publish, timed
+from bench import harness
+from bench.harness import SAMPLE, timed
 
 
 def turns(tokenizer, max_tokens: int) -> list[list[int]]:
@@ -56,19 +53,13 @@ def own_cache(model, ids: list[int]):
     return cache
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--max-tokens", type=int, default=600)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
+    args = parser.parse_args(argv)
     import seqkv_cli as seqkv
-    from seqkv_cli.runtime.loading import load_model
 
-    lm = load_model()
+    lm = harness.start(args)
     sessions = turns(lm.tokenizer, args.max_tokens)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,29 +105,20 @@ def main() -> None:
         if loaded_plain.get_seq_length() != len(sessions[-1]):
             raise SystemExit("the tokens-only archive restored the wrong length")
     n = len(sessions[-1])
-    result = {
-        "environment": environment(lm),
-        "command": command_line(),
-        "turns": rows,
-        "restore": {
-            "tokens": n,
-            "tokens_only_seconds": round(plain_s, 1),
-            "replay_seconds": round(replay_s, 1),
-            "own_cache_seconds": round(exact_s, 1),
-            "own_cache_bit_exact": same,
-        },
+    restore = {
+        "tokens": n,
+        "tokens_only_seconds": round(plain_s, 1),
+        "replay_seconds": round(replay_s, 1),
+        "own_cache_seconds": round(exact_s, 1),
+        "own_cache_bit_exact": same,
     }
-    publish(result, markdown(result), args.json, args.append)
+    return harness.finish(args, lm, markdown, turns=rows, restore=restore)
 
 
 def markdown(result: dict) -> str:
-    env, rows, rest = result["environment"], result["turns"], result["restore"]
+    rows, rest = result["turns"], result["restore"]
     lines = [
-        "### Agent memory through the library API (`bench/agent_memory.py`)",
-        "",
-        f"Machine: {env.get('cpu', '?')}, torch threads {env.get('torch_threads', '?')}, "
-        f"torch {env.get('torch', '?')}. Command: `{result['command']}`",
-        "",
+        *harness.heading("Agent memory through the library API (`bench/agent_memory.py`)", result),
         "| turn | tokens | seqkv tokens-only | seqkv own cache, replay | seqkv own cache, "
         "portable residual | bf16 cache per turn (all turns) | bf16 cache (last turn) |",
         "|---:|---:|---:|---:|---:|---:|---:|",

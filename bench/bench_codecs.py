@@ -1,32 +1,24 @@
 """Per-vector codecs on real KV of the embedded model, next to zstd, plus the entropy coder.
 
 Usage (the command recorded in docs/BENCHMARKS.md):
-    python bench/bench_codecs.py --append docs/BENCHMARKS.md --json bench/results/codecs.json
+    python -m bench.bench_codecs --append docs/BENCHMARKS.md --json bench/results/codecs.json
 
 Without --captures it captures sample_data/prose.txt and sample_data/sample_code.py with the
-embedded model (canonical numerics, bf16) first.
+embedded model (or --model; canonical numerics, bf16) first.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import platform
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
 import zstandard
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_entropy import markdown as entropy_markdown  # noqa: E402
-from bench_entropy import run as entropy_run  # noqa: E402
+from bench import harness
+from bench.bench_entropy import markdown as entropy_markdown
+from bench.bench_entropy import run as entropy_run
+from bench.harness import SAMPLE
 
 CODECS = ("raw", "lossless", "int8", "kivi4", "kivi2", "turbo4", "turbo3")
 
@@ -45,9 +37,8 @@ def load_blocks(paths: list[Path]):
 
 
 def timed(fn, items):
-    start = time.perf_counter()
-    out = [fn(x) for x in items]
-    return out, time.perf_counter() - start
+    """`fn` over every item, and the seconds of them all."""
+    return harness.timed(lambda: [fn(x) for x in items])
 
 
 def bench_codec(codec_id: str, blocks) -> dict:
@@ -123,15 +114,15 @@ def codec_markdown(rows: list[dict], positions: int) -> str:
     return "\n".join(lines)
 
 
-def capture_defaults(folder: Path) -> list[Path]:
+def capture_defaults(folder: Path, lm) -> list[Path]:
     from seqkv_cli import capture
 
-    inputs = [str(ROOT / "sample_data" / "prose.txt"), str(ROOT / "sample_data" / "sample_code.py")]
-    return [r.path for r in capture(inputs, out=folder)]
+    inputs = [str(SAMPLE / "prose.txt"), str(SAMPLE / "sample_code.py")]
+    return [r.path for r in capture(inputs, model=lm, out=folder)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__, threads=1)
     parser.add_argument(
         "--captures",
         nargs="*",
@@ -139,13 +130,10 @@ def main() -> None:
         help="capture files (default: capture two sample_data files with the embedded model)",
     )
     parser.add_argument("--entropy-size-mb", type=float, default=16.0)
-    parser.add_argument("--threads", type=int, default=1, help="torch/numpy threads")
-    parser.add_argument("--json", type=Path, help="write raw numbers here")
-    parser.add_argument("--append", type=Path, help="append the Markdown report to this file")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parser.parse_args(argv)
+    lm = harness.start(args, load=not args.captures)  # given captures need no model
     with tempfile.TemporaryDirectory() as tmp:
-        paths = args.captures or capture_defaults(Path(tmp))
+        paths = args.captures or capture_defaults(Path(tmp), lm)
         blocks, positions = load_blocks(paths)
         rows = [bench_codec(c, blocks) for c in CODECS]
         rows += [
@@ -154,40 +142,25 @@ def main() -> None:
             bench_zstd(19, True, blocks),
         ]
     entropy_rows = entropy_run(args.entropy_size_mb, 2, None)
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
-    head = (
-        f"## Per-vector codecs and entropy coder — {dt.date.today().isoformat()}\n\n"
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} thread(s) "
-        f"(`{platform.processor() or platform.platform()}`), Python "
-        f"{platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
-        f"zstandard {zstandard.__version__}.\nCommand: `{command}`\n\n"
-        f"K/V of {positions:,} positions ({len(paths)} captures, embedded model, bf16, "
-        f"{sum(b.nbytes for b in blocks) / 1e6:.1f} MB):\n\n"
-    )
-    report = (
-        head + codec_markdown(rows, positions) + "\n\nEntropy coder alone "
-        f"({args.entropy_size_mb:g} MiB of symbols per dataset):\n\n"
-        + entropy_markdown(entropy_rows)
-        + "\n"
-    )
-    print(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "codecs": rows,
-                    "entropy": entropy_rows,
-                    "positions": positions,
-                    "command": command,
-                },
-                indent=2,
-            )
-        )
-    if args.append:
-        with open(args.append, "a", encoding="utf-8") as f:
-            f.write("\n" + report)
+    fields = {"codecs": rows, "entropy": entropy_rows, "positions": positions}
+    fields |= {"captures": len(paths), "kv_bytes": sum(b.nbytes for b in blocks)}
+    fields["entropy_size_mb"] = args.entropy_size_mb
+    return harness.finish(args, lm, markdown, **fields)
 
 
-if __name__ == "__main__":
-    main()
+def markdown(result: dict) -> str:
+    positions = result["positions"]
+    return "\n".join(
+        [
+            *harness.heading("Per-vector codecs and entropy coder", result),
+            f"K/V of {positions:,} positions ({result['captures']} captures, bf16, "
+            f"{result['kv_bytes'] / 1e6:.1f} MB):",
+            "",
+            codec_markdown(result["codecs"], positions),
+            "",
+            f"Entropy coder alone ({result['entropy_size_mb']:g} MiB of symbols per dataset):",
+            "",
+            entropy_markdown(result["entropy"]),
+            "",
+        ]
+    )

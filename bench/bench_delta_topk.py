@@ -1,7 +1,7 @@
 """seq vs delta-topk (arXiv 2604.15356 Layer 2) on real K/V of the embedded model.
 
 Usage:
-    python bench/bench_delta_topk.py --tokens 256 --json bench/results/delta_topk.json
+    python -m bench.bench_delta_topk --tokens 256 --json bench/results/delta_topk.json
 
 Captures sample_data/prose.txt (first --tokens tokens, canonical numerics, bf16), then runs
 every session codec through a full encode and decode and reports bits per position (tokens /
@@ -12,20 +12,15 @@ needed, tokens not counted) and two per-vector codecs.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import os
-import platform
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+from bench.harness import SAMPLE, timed
+
 CONFIGS = [
     {"id": "seq"},
     {"id": "seq-fast"},
@@ -47,13 +42,9 @@ def run_session_codec(config: dict, cap, canon) -> dict:
     from seqkv_cli.sequential.registry import session_codec_class
 
     codec = session_codec_class(config["id"]).from_config(config)
-    start = time.perf_counter()
-    enc = codec.encode(cap, canon)
-    t_enc = time.perf_counter() - start
+    enc, t_enc = timed(lambda: codec.encode(cap, canon))
     entry = {"id": cap.session_id, "positions": cap.positions, "dtype": cap.meta["dtype"]}
-    start = time.perf_counter()
-    restored = codec.decode(entry, enc.parts.get, canon)
-    t_dec = time.perf_counter() - start
+    restored, t_dec = timed(lambda: codec.decode(entry, enc.parts.get, canon))
     if not torch.equal(restored.tokens, cap.tokens):
         raise SystemExit(f"{config}: tokens did not round-trip")
     n = cap.positions
@@ -72,12 +63,8 @@ def run_no_predictor(cap, max_bits: int, vocab: int) -> dict:
     kv = flatten_kv(cap.keys, cap.values).numpy()
     s = np.concatenate([[np.log2(vocab)], cap.surprisal.numpy()])
     bits = bits_from_surprisal(s, base=2.0, slope=1.0, max_bits=max_bits)
-    start = time.perf_counter()
-    data = quantize(kv, bits, cap.keys[0].shape[-1], max_bits)
-    t_enc = time.perf_counter() - start
-    start = time.perf_counter()
-    out = dequantize(data).values
-    t_dec = time.perf_counter() - start
+    data, t_enc = timed(lambda: quantize(kv, bits, cap.keys[0].shape[-1], max_bits))
+    out, t_dec = timed(lambda: dequantize(data).values)
     err = kv.astype(np.float64) - out
     rel = float(np.linalg.norm(err) / np.linalg.norm(kv.astype(np.float64)))
     n = cap.positions
@@ -91,14 +78,14 @@ def run_pervector(cap, codec_id: str) -> dict:
     from seqkv_codecs.registry import get_codec
 
     codec, size, t_enc, t_dec, out = get_codec(codec_id), 0, 0.0, 0.0, {}
+    dtype = cap.meta["dtype"]
     for kind, tensors in (("key", cap.keys), ("value", cap.values)):
         for t in tensors:
-            start = time.perf_counter()
-            data = codec.encode(to_block(t, cap.meta["dtype"], kind))
-            t_enc += time.perf_counter() - start
-            start = time.perf_counter()
-            out.setdefault(kind, []).append(to_tensor(codec.decode(data)))
-            t_dec += time.perf_counter() - start
+            data, seconds = timed(lambda t=t, kind=kind: codec.encode(to_block(t, dtype, kind)))
+            t_enc += seconds
+            back, seconds = timed(lambda data=data: to_tensor(codec.decode(data)))
+            out.setdefault(kind, []).append(back)
+            t_dec += seconds
             size += len(data)
     restored = Capture(cap.tokens, out["key"], out["value"], cap.surprisal, {})
     rel, max_abs = errors(cap, restored)
@@ -136,23 +123,18 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     from seqkv_cli import capture
     from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.runtime.loading import load_model
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, threads=1)
     parser.add_argument("--tokens", type=int, default=256, help="positions of prose.txt to use")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--json", type=Path, help="write raw numbers here")
-    parser.add_argument("--append", type=Path, help="append the Markdown report to this file")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    lm = load_model()
+    args = parser.parse_args(argv)
+    lm = harness.start(args)
     canon = canonical_model(lm)
     with tempfile.TemporaryDirectory() as tmp:
         [res] = capture(
-            [str(ROOT / "sample_data" / "prose.txt")],
+            [str(SAMPLE / "prose.txt")],
             model=lm,
             out=Path(tmp),
             max_tokens=args.tokens,
@@ -161,27 +143,27 @@ def main() -> None:
     rows = [run_session_codec(c, cap, canon) for c in CONFIGS]
     rows += [run_no_predictor(cap, b, canon.vocab_size) for b in (2, 4, 8)]
     rows += [run_pervector(cap, c) for c in ("kivi2", "turbo3")]
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
-    report = (
-        f"## delta-topk (paper's Layer 2) vs seq and per-vector codecs — "
-        f"{dt.date.today().isoformat()}\n\n"
-        f"K/V of {cap.positions} positions of sample_data/prose.txt, embedded model, bf16 "
-        f"(log2 PP {cap.log2_ppl:.2f} bits); {torch.get_num_threads()} thread(s), "
-        f"{platform.machine()}, torch {torch.__version__}.\nCommand: `{command}`\n\n"
-        + markdown(rows)
+    return harness.finish(
+        args, lm, report, positions=cap.positions, log2_ppl=cap.log2_ppl, rows=rows
     )
+
+
+def report(result: dict) -> str:
+    title = "delta-topk (paper's Layer 2) vs seq and per-vector codecs"
+    rows = result["rows"]
     notes = [f"- {r['codec']}: {note}" for r in rows for note in r["notes"]]
-    report = "\n".join([report, "", *notes, ""])
-    print(report)
-    if args.append:
-        with open(args.append, "a", encoding="utf-8") as f:
-            f.write("\n" + report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"positions": cap.positions, "log2_ppl": cap.log2_ppl, "rows": rows}
-        tmp = args.json.with_name(f".{args.json.name}.tmp")
-        tmp.write_text(json.dumps({**payload, "command": command}, indent=2))
-        os.replace(tmp, args.json)
+    return "\n".join(
+        [
+            *harness.heading(title, result),
+            f"K/V of {result['positions']} positions of sample_data/prose.txt, bf16 "
+            f"(log2 PP {result['log2_ppl']:.2f} bits).",
+            "",
+            markdown(rows),
+            "",
+            *notes,
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Throughput and ratio of the seqkv rANS coder against zstandard, on KV-like byte planes.
 
-    OMP_NUM_THREADS=1 python bench/bench_entropy.py --size-mb 16 --json out/bench_entropy.json
+    OMP_NUM_THREADS=1 python -m bench.bench_entropy --size-mb 16 --json out/bench_entropy.json
 
 Every method round-trips every input (checked); MB/s counts input symbols (one byte each), best
 of ``--repeat`` runs, one thread. ``--kv FILE`` takes the byte planes from a bf16 safetensors
@@ -9,19 +9,13 @@ file instead of synthetic Gaussian bf16 values.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 import zstandard
 
+from bench import harness
 from seqkv_codecs.entropy import (
     decode_symbols,
     decode_symbols_torch,
@@ -76,15 +70,6 @@ def methods() -> dict[str, tuple[Callable, Callable]]:
     return found
 
 
-def best_time(fn: Callable, arg, repeat: int):
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn(arg)
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def run(size_mb: float, repeat: int, kv_file: str | None) -> list[dict]:
     n = int(size_mb * (1 << 20))
     rows = []
@@ -93,8 +78,8 @@ def run(size_mb: float, repeat: int, kv_file: str | None) -> list[dict]:
         p = counts[counts > 0] / n
         entropy = float(-(p * np.log2(p)).sum())
         for name, (encode, decode) in methods().items():
-            t_enc, blob = best_time(encode, symbols, repeat)
-            t_dec, back = best_time(decode, blob, repeat)
+            blob, t_enc = harness.best_of(lambda e=encode, a=symbols: e(a), repeat)
+            back, t_dec = harness.best_of(lambda d=decode, b=blob: d(b), repeat)
             if not np.array_equal(back, symbols):
                 raise SystemExit(f"{name} failed to round-trip {data_name}")
             rows.append(
@@ -126,36 +111,20 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(payload, tmp, indent=2)
-    os.replace(tmp.name, path)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__, threads=1, model=False)
     parser.add_argument("--size-mb", type=float, default=16.0, help="symbols per dataset, in MiB")
     parser.add_argument("--repeat", type=int, default=2, help="runs per measurement (best kept)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--kv", help="bf16 safetensors file to take real KV byte planes from")
-    parser.add_argument("--json", type=Path, help="write the raw measurements here")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parser.parse_args(argv)
+    harness.start(args)
     rows = run(args.size_mb, args.repeat, args.kv)
-    print(markdown(rows))
-    if args.json:
-        env = {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "torch": torch.__version__,
-            "zstandard": zstandard.__version__,
-            "cpu": platform.processor() or platform.machine(),
-            "torch_threads": args.threads,
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        }
-        write_json(args.json, {"environment": env, "size_mb": args.size_mb, "results": rows})
+    return harness.finish(args, None, _report, size_mb=args.size_mb, results=rows)
+
+
+def _report(result: dict) -> str:
+    title = "The entropy coder against zstandard"
+    return "\n".join([*harness.heading(title, result), markdown(result["results"])]) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Near-duplicate prefixes (paper's Layer 1, "probabilistic prefixes") against exact-prefix dedup.
 
 Usage (the command recorded in docs/BENCHMARKS.md):
-    python bench/bench_near_dup.py --append docs/BENCHMARKS.md --json bench/results/near_dup.json
+    python -m bench.bench_near_dup --append docs/BENCHMARKS.md --json bench/results/near_dup.json
 
 Sessions: (a) sample_data/chats.jsonl, where near-01..03 change one adjective at token 5 of the
 712-token prefix shared by chat-*; (b) synthetic: the first 700 tokens of prose.txt, one token
@@ -23,20 +23,15 @@ Per member against its centroid:
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import os
-import platform
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+from bench.harness import SAMPLE, timed
+
 OFFSETS = (1, 10, 100, 500)
 CODECS = ({"id": "turbo3"}, {"id": "kivi2", "residual": 0})
 KIVI_MEMBERS = ("near-01", "sub@5", "sub@350", "ins@100")  # kivi2 is the slower codec
@@ -48,8 +43,8 @@ def sessions(lm) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     from seqkv_cli.kvcapture.engine import tokenize
     from seqkv_cli.kvcapture.inputs import read_inputs
 
-    chats = {d.id: tokenize(lm, d) for d in read_inputs([str(ROOT / "sample_data/chats.jsonl")])}
-    [prose_doc] = read_inputs([str(ROOT / "sample_data/prose.txt")])
+    chats = {d.id: tokenize(lm, d) for d in read_inputs([str(SAMPLE / "chats.jsonl")])}
+    [prose_doc] = read_inputs([str(SAMPLE / "prose.txt")])
     prose = tokenize(lm, prose_doc)
     prefix = prose[:700]
     with torch.inference_mode():
@@ -98,9 +93,7 @@ def token_costs(canon, name: str, c, base, m: np.ndarray, lcp: int, cap_m):
     near_b = encode_edits(near, centroid=c, model=CanonicalLogits(canon))
     back, decode_s = None, None
     if name.startswith(DECODED):
-        t0 = time.perf_counter()
-        back = decode_edits(near_b, c, model=CanonicalLogits(canon))
-        decode_s = time.perf_counter() - t0
+        back, decode_s = timed(lambda: decode_edits(near_b, c, model=CanonicalLogits(canon)))
     bits = cap_m.surprisal.double().numpy()  # bits[i] = cost of token i + 1
     _, copied = copy_pairs(near, lcp)
     copied = copied[copied > 0]
@@ -245,15 +238,14 @@ def _checked(row: dict) -> str:
     return f"{'yes' if row['near_exact_roundtrip'] else 'NO'} ({row['near_decode_s']:.1f})"
 
 
-def report(rows: list, clusters: list, command: str, seconds: float) -> str:
+def report(result: dict) -> str:
+    rows, clusters = result["rows"], result["clusters"]
     lines = [
-        f"## Near-duplicate prefixes — {dt.date.today().isoformat()}",
-        "",
-        f"Machine: {platform.machine()}, torch threads {torch.get_num_threads()}, torch "
-        f"{torch.__version__}; {seconds:.0f} s. Command: `{command}`",
+        *harness.heading("Near-duplicate prefixes", result),
+        f"{result['seconds']:.0f} s in all.",
         "",
         "Clusters of the 16 chats (`cluster`, 5% edits, >= 32 aligned tokens): "
-        + "; ".join(f"centroid {c.centroid} + {len(c.members)} members" for c in clusters),
+        + "; ".join(f"centroid {c['centroid']} + {len(c['members'])} members" for c in clusters),
         "",
         "`seq` tokens, bytes per member (real streams, edit framing and CRCs included; the "
         "delta was decoded back, stepping the model per inserted token, where marked):",
@@ -314,28 +306,14 @@ def report(rows: list, clusters: list, command: str, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
+    args = parser.parse_args(argv)
     from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.trie.neardup_cluster import cluster
 
     start = time.perf_counter()
-    lm = load_model()
+    lm = harness.start(args)
     canon = canonical_model(lm)
     chats, synth = sessions(lm)
     clusters = cluster({k: np.array(v) for k, v in chats.items()})
@@ -344,15 +322,8 @@ def main() -> None:
     rows = measure(lm, canon, chats, big.centroid, [control, "near-01", "near-02", "near-03"])
     rows += measure(lm, canon, synth, "prose", [n for n in synth if n != "prose"])
     seconds = time.perf_counter() - start
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
-    text = report(rows, clusters, command, seconds)
-    print(text)
-    if args.json:
-        clusters_json = [c._asdict() for c in clusters]
-        write_json(args.json, {"rows": rows, "clusters": clusters_json, "command": command})
-    if args.append:
-        with open(args.append, "a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    clusters_json = [c._asdict() for c in clusters]
+    return harness.finish(args, lm, report, rows=rows, clusters=clusters_json, seconds=seconds)
 
 
 if __name__ == "__main__":

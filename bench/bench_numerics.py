@@ -1,7 +1,7 @@
 """Portable (v2, v1) vs legacy numerics on the embedded model: bits, K/V error, speed.
 
-    python bench/bench_numerics.py --threads 2 [--sections texts,speed] [--json out.json]
-    python bench/bench_numerics.py --generic-weights --sections texts   # fp32 weights off the
+    python -m bench.bench_numerics --threads 2 [--sections texts,speed] [--json out.json]
+    python -m bench.bench_numerics --generic-weights --sections texts   # fp32 weights off the
                                                                           # Q4 grid (below)
 
 * bits: token cross-entropy under each path vs the float model (transformers eager fp32) on
@@ -18,21 +18,16 @@ Run it alone: on 2 cores a neighbour's load is measured too.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import SAMPLE  # noqa: E402
+from bench import harness
+from bench.harness import SAMPLE
 
 
 def texts(lm) -> dict[str, torch.Tensor]:
@@ -99,21 +94,16 @@ def speed(canon, ids) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__, threads=2)
     parser.add_argument("--sections", default="texts,speed")
-    parser.add_argument("--json")
     parser.add_argument("--generic-weights", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
-    torch.set_num_threads(args.threads)
-
     from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.runtime.numerics import LEGACY, PORTABLE, PORTABLE_V1, PORTABLE_V2
 
-    lm = load_model()
+    lm = harness.start(args)
     if args.generic_weights:
         torch.manual_seed(0)
         with torch.no_grad():
@@ -148,8 +138,18 @@ def main() -> None:
     for path in (LEGACY, PORTABLE_V1, PORTABLE_V2, PORTABLE) if "speed" in sections else ():
         result["speed"][path] = speed(canonical_model(lm, path), ids)
         print(path, json.dumps(result["speed"][path]), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    return harness.finish(args, lm, markdown, **result)
+
+
+def markdown(result: dict) -> str:
+    """The raw numbers as one table: docs/BENCHMARKS.md's numerics tables are written from
+    them by hand."""
+    lines = [*harness.heading("Numeric paths: bits, K/V error, speed", result)]
+    lines += ["| section | case | measurement | value |", "| --- | --- | --- | ---: |"]
+    for section in ("texts", "speed"):
+        for case, row in result[section].items():
+            lines += [f"| {section} | {case} | {k} | {v:.6g} |" for k, v in row.items()]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

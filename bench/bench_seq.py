@@ -1,7 +1,7 @@
 """Sequential codecs on the embedded model: rate vs log2 PP, exactness, and speed ratios.
 
 Usage (the command recorded in docs/BENCHMARKS.md):
-    python bench/bench_seq.py --append docs/BENCHMARKS.md --json bench/results/seq.json
+    python -m bench.bench_seq --append docs/BENCHMARKS.md --json bench/results/seq.json
 
 Measures, in one run on one machine:
 * every sample_data text of >= 1,000 tokens, canonical bf16 capture: `seq` compress ->
@@ -14,25 +14,15 @@ Measures, in one run on one machine:
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import platform
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+from bench.harness import SAMPLE, timed
+
 TEXTS = ["prose.txt", "sample_code.py", "agent_transcript.jsonl"]
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 def hf_step_loop(lm, ids: torch.Tensor) -> float:
@@ -54,7 +44,7 @@ def hf_step_loop(lm, ids: torch.Tensor) -> float:
 def hf_prefill_seconds(lm, ids: torch.Tensor) -> float:
     with torch.inference_mode():
         lm.model(ids[None])  # warm-up
-        return min(timed(lambda: lm.model(ids[None]))[1] for _ in range(2))
+        return harness.best_of(lambda: lm.model(ids[None]), 2)[1]
 
 
 def rate_and_exactness(lm, caps, folder: Path) -> list[dict]:
@@ -131,28 +121,21 @@ def seq_fast_decode_seconds(lm, cap_path: Path, folder: Path) -> float:
     compress_captures([cap_path], folder / "fast.skv", codec="seq-fast", model=lm, check=False)
     with Archive(folder / "fast.skv", model=lm) as arc:
         arc.canonical()
-        return min(timed(lambda: arc.restore(arc.sessions[0]))[1] for _ in range(2))
+        return harness.best_of(lambda: arc.restore(arc.sessions[0]), 2)[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
+    args = parser.parse_args(argv)
     from seqkv_cli import capture
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from seqkv_cli.runtime.loading import load_model
 
-    lm = load_model()
+    lm = harness.start(args)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        caps = capture(
-            [str(ROOT / "sample_data" / t) for t in TEXTS], model=lm, out=folder / "canon"
-        )
+        caps = capture([str(SAMPLE / t) for t in TEXTS], model=lm, out=folder / "canon")
         [plain] = capture(
-            [str(ROOT / "sample_data" / "prose.txt")],
+            [str(SAMPLE / "prose.txt")],
             model=lm,
             out=folder / "plain",
             canonical=False,
@@ -167,7 +150,7 @@ def main() -> None:
         eight = decode_speed(lm, torch.cat([c.capture.tokens for c in caps[:3]]), 8, 128)
         prefill_s = hf_prefill_seconds(lm, caps[1].capture.tokens[:1024])
         [cap1024] = capture(
-            [str(ROOT / "sample_data" / "sample_code.py")],
+            [str(SAMPLE / "sample_code.py")],
             model=lm,
             out=folder / "c1024",
             max_tokens=1024,
@@ -181,13 +164,15 @@ def main() -> None:
         "hf_prefill_1024_s": prefill_s,
         "seq_fast_decode_1024_s": fast_s,
     }
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    return harness.finish(args, lm, markdown, rows=rows, speed=speed)
+
+
+def markdown(result: dict) -> str:
+    rows, speed = result["rows"], result["speed"]
+    step_tps = speed["hf_step_loop_tokens_per_s"]
+    one, eight = (speed[f"seq_decode_tokens_per_s_{k}"] for k in ("1_session", "8_sessions"))
     lines = [
-        f"## Sequential codecs (`seq`, `seq-fast`) — {dt.date.today().isoformat()}",
-        "",
-        f"Machine: {platform.machine()}, torch threads {torch.get_num_threads()}, Python "
-        f"{platform.python_version()}, torch {torch.__version__}. Command: `{command}`",
-        "",
+        *harness.heading("Sequential codecs (`seq`, `seq-fast`)", result),
         "| session | numeric path | positions | log2 PP | tokens b/pos | residual b/pos "
         "| header b/pos | total b/pos | bound 1.02·log2PP+hdr | within | bit-exact |",
         "|" + " --- |" * 11,
@@ -206,20 +191,12 @@ def main() -> None:
         "",
         f"Ratios: seq decode vs transformers step loop: {one / step_tps:.2f}x "
         f"(1 session), {eight / step_tps:.2f}x (8 sessions as rows); seq encode vs step "
-        f"loop: {seq_speed['encode_tokens_per_s'] / step_tps:.2f}x; seq-fast decode of "
-        f"1,024 tokens / one transformers prefill: {fast_s / prefill_s:.2f}x.",
+        f"loop: {speed['seq_encode_tokens_per_s'] / step_tps:.2f}x; seq-fast decode of 1,024 "
+        f"tokens / one transformers prefill: "
+        f"{speed['seq_fast_decode_1024_s'] / speed['hf_prefill_1024_s']:.2f}x.",
         "",
     ]
-    report = "\n".join(lines)
-    print(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({"rows": rows, "speed": speed, "command": command}, indent=2)
-        )
-    if args.append:
-        with open(args.append, "a", encoding="utf-8") as f:
-            f.write("\n" + report)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

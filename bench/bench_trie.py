@@ -10,14 +10,12 @@ on one session against `seqkv_cli.kvcapture.api.capture_one`-style capture). The
 * per-session overhead = (archive - prefix-node payload - Σ branch payloads - the bytes an
   empty archive costs) / 100.
 
-    python bench/bench_trie.py --threads 2 --out bench/results/trie.json
+    python -m bench.bench_trie --threads 2 --out bench/results/trie.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -25,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+from bench.harness import ROOT, SAMPLE, timed
 
 
 def corpus_tokens(tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    sample = ROOT / "sample_data"
-    prefix_text = (sample / "prose.txt").read_text() + (sample / "sample_code.py").read_text()
-    pool_text = (sample / "agent_transcript.jsonl").read_text()
+    prefix_text = (SAMPLE / "prose.txt").read_text() + (SAMPLE / "sample_code.py").read_text()
+    pool_text = (SAMPLE / "agent_transcript.jsonl").read_text()
     enc = lambda t: np.array(tokenizer(t, add_special_tokens=False)["input_ids"], np.int64)  # noqa: E731
     return enc(prefix_text), enc(pool_text)
 
@@ -100,30 +98,29 @@ def check_exact(lm, path: Path) -> bool:
     return same_capture(cap, whole)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> dict:
+    ap = harness.parser(__doc__, threads=2)
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--prefix", type=int, default=2000)
     ap.add_argument("--tail", type=int, default=200)
     ap.add_argument("--singles", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("/tmp/seqkv-bench-trie"))
+    # --out is this bench's older name for --json, kept for the recorded commands
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/trie.json")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    from seqkv_cli.runtime.loading import load_model
+    args = ap.parse_args(argv)
+    args.json = args.json or args.out
     from seqkv_cli.skv.compress import compress_captures
     from seqkv_cli.skv.restore import Archive
 
-    lm = load_model()
+    lm = harness.start(args)
     shutil.rmtree(args.work, ignore_errors=True)
-    t = time.perf_counter()
-    paths = make_captures(lm, args.sessions, args.prefix, args.tail, args.work / "caps")
-    made = time.perf_counter() - t
+    paths, made = timed(
+        lambda: make_captures(lm, args.sessions, args.prefix, args.tail, args.work / "caps")
+    )
     exact = check_exact(lm, paths[-1])
-    t = time.perf_counter()
-    archive = compress_captures(paths, args.work / "all.skv", codec="seq", model=lm, check=False)
-    encode_s = time.perf_counter() - t
+    archive, encode_s = timed(
+        lambda: compress_captures(paths, args.work / "all.skv", codec="seq", model=lm, check=False)
+    )
     with Archive(args.work / "all.skv") as arc:
         nodes = arc.trie.nodes
         payloads = [n.payload for n in nodes]
@@ -141,9 +138,6 @@ def main() -> None:
     tables = archive.part_bytes.get("trie tables", 0)
     overhead = (archive.file_bytes - sum(payloads) - empty_overhead) / args.sessions
     result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} {platform.processor() or ''} threads={args.threads}",
-        "torch": torch.__version__,
         "sessions": args.sessions,
         "prefix_tokens": args.prefix,
         "tail_tokens": args.tail,
@@ -163,9 +157,7 @@ def main() -> None:
         "one_by_one_bytes_estimate": round(one_by_one),
         "ratio_one_by_one_over_archive": round(one_by_one / archive.file_bytes, 2),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    return harness.finish(args, lm, lambda r: json.dumps(r, indent=1), **result)
 
 
 if __name__ == "__main__":

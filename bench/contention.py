@@ -8,12 +8,11 @@ as before (the Typer app run directly, OMP_WAIT_POLICY unset: OpenMP's default s
 sleep waits) and as the `seqkv` command runs now (it sets OMP_WAIT_POLICY=PASSIVE). Run it
 alone on the machine.
 
-    python bench/contention.py --tokens 120 --append docs/BENCHMARKS.md
+    python -m bench.contention --tokens 120 --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -22,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, publish
+from bench import harness
+from bench.harness import SAMPLE
 
 SEQKV = str(Path(sys.executable).with_name("seqkv"))  # sets OMP_WAIT_POLICY=PASSIVE
 BEFORE = [sys.executable, "-c", "from seqkv_cli.cli import app; app()"]  # leaves it unset
@@ -60,21 +58,18 @@ def _timed_together(commands: list[list[str]], env: dict, busy: bool) -> list[fl
             neighbour.wait()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument(
         "--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES),
         help="'now' alone halves the run (the before/after table was measured at 120 tokens)",
     )  # fmt: skip
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
-
+    args = parser.parse_args(argv)
     import seqkv_cli as seqkv
-    from seqkv_cli.runtime.loading import load_model
 
-    lm = load_model()
+    lm = harness.start(args)
+    model = harness.model_options(args)
     ids = lm.tokenizer((SAMPLE / "prose.txt").read_text())["input_ids"][: args.tokens]
     folder = Path(tempfile.mkdtemp(prefix="seqkv-contention-"))
     try:
@@ -92,10 +87,11 @@ def main() -> None:
             seqkv_cmd = POLICIES[policy]
 
             def decompress(k: int, cmd=seqkv_cmd) -> list[str]:
-                return [*cmd, "decompress", str(archive), "-o", str(folder / f"out-{k}")]
+                return [*cmd, "decompress", str(archive), "-o", str(folder / f"out-{k}"), *model]
 
             def compress(k: int, cmd=seqkv_cmd) -> list[str]:
-                return [*cmd, "compress", cap, "-o", str(folder / f"c-{k}.skv"), "--codec", "seq"]
+                return [*cmd, "compress", cap, "-o", str(folder / f"c-{k}.skv"), "--codec", "seq",
+                        *model]  # fmt: skip
 
             cases = {
                 "decompress alone": ([decompress(0)], False),
@@ -116,26 +112,16 @@ def main() -> None:
                 print(rows[-1], flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    result = {
-        "environment": environment(lm),
-        "command": command_line(),
-        "tokens": args.tokens,
-        "rows": rows,
-    }
-    publish(result, markdown(result), args.json, args.append)
+    return harness.finish(args, lm, markdown, tokens=args.tokens, rows=rows)
 
 
 def markdown(result: dict) -> str:
-    env = result["environment"]
     by = {(r["policy"], r["case"]): max(r["seconds"]) for r in result["rows"]}
     policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
     titles = {"before": "before (OpenMP default waits)", "now": "now (`seqkv`: PASSIVE)"}
     lines = [
-        "### Threads under contention (`bench/contention.py`)",
-        "",
-        f"Machine: {env.get('cpu', '?')}, {env.get('cores', '?')} cores, torch "
-        f"{env.get('torch', '?')}; nothing else running. {result['tokens']}-token `seq` archive "
-        f"of prose.txt. Command: `{result['command']}`",
+        *harness.heading("Threads under contention (`bench/contention.py`)", result),
+        f"A {result['tokens']}-token `seq` archive of prose.txt.",
         "",
         "| case | " + " | ".join(f"{titles[p]} | vs alone" for p in policies) + " |",
         "|---|" + "---:|---:|" * len(policies),

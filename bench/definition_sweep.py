@@ -1,6 +1,6 @@
 """How many bits each operand of the portable products needs: a probe of candidate definitions.
 
-    python bench/definition_sweep.py --tokens 300 [--generic-weights] [--json out.json]
+    python -m bench.definition_sweep --tokens 300 [--generic-weights] [--json out.json]
 
 Runs the embedded model's fused decoder with its products and attention replaced by float64
 emulations of candidate quantizations (not exact implementations: only their rounding is
@@ -14,18 +14,14 @@ chosen (docs/NUMERICS.md, "Why v3"): `peak` quantizes a left row to `ab` bits of
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE
+from bench import harness
+from bench.harness import SAMPLE
 
 CANDIDATES = [
     {"name": "v1 (peak, 21-bit activations)", "mode": "peak", "ab": 21, "wb": 21, "kb": 23,
@@ -88,19 +84,15 @@ def install(cfg: dict):
     fused.attend = attend
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__, threads=2)
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--generic-weights", action="store_true")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-
-    from seqkv_cli.runtime.loading import load_model
+    args = parser.parse_args(argv)
     from seqkv_cli.runtime.portable import exact, fused
     from seqkv_cli.runtime.portable.model import PortableLM
 
-    lm = load_model()
+    lm = harness.start(args)
     model = lm.model
     if args.generic_weights:
         torch.manual_seed(0)
@@ -140,12 +132,19 @@ def main() -> None:
         rows.append({"name": cfg["name"], "bf16_differ": differing(kv),
                      "bits_per_token": bits(logits)})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-    result = {"tokens": len(ids), "generic_weights": args.generic_weights, "rows": rows}
-    print("| candidate | bf16 K/V differing from float64 | bits/token |\n| --- | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['name']} | {r['bf16_differ']:.3%} | {r['bits_per_token']:.6f} |")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    fields = {"tokens": len(ids), "generic_weights": args.generic_weights, "rows": rows}
+    return harness.finish(args, lm, markdown, **fields)
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        *harness.heading("Candidate definitions of the portable products", result),
+        "| candidate | bf16 K/V differing from float64 | bits/token |",
+        "| --- | ---: | ---: |",
+    ]
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {r['bf16_differ']:.3%} | {r['bits_per_token']:.6f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

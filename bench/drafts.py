@@ -9,22 +9,19 @@ seconds and tokens/s each way, the speed-up, and a plain transformers DynamicCac
 over the same tokens for scale. The `pair` case restores two near-duplicate chats of one
 archive together, so each can guess from the other.
 
-    python bench/drafts.py --json bench/results/drafts.json --append docs/BENCHMARKS.md
+    python -m bench.drafts --json bench/results/drafts.json --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+from bench import harness
+from bench.common import restore_all
+from bench.harness import SAMPLE
 
 CASES = {
     "prose": ["prose.txt"],
@@ -54,17 +51,11 @@ def _inputs(spec: list[str], folder: Path) -> list[str]:
 
 
 def _restore(lm, path: Path, drafts: bool):
-    from seqkv_cli.skv.restore import Archive
-
     os.environ["SEQKV_DRAFTS"] = "on" if drafts else "off"
     try:
-        with Archive(path, model=lm) as arc:
-            arc.canonical()  # model set-up is not decode time
-            pairs, seconds = timed(lambda: list(arc.restore_many(arc.sessions)))
-            stats = arc.decode_stats
+        return restore_all(lm, path)
     finally:
         os.environ.pop("SEQKV_DRAFTS", None)
-    return {e["id"]: r for e, r in pairs}, seconds, stats
 
 
 def measure(lm, name: str, spec: list[str], tokens: int, folder: Path) -> dict:
@@ -101,33 +92,23 @@ def measure(lm, name: str, spec: list[str], tokens: int, folder: Path) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@torch.no_grad()  # nothing here trains: no autograd graphs
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--tokens", type=int, default=256, help="tokens per session")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    from seqkv_cli.runtime.loading import load_model
-
-    lm = load_model()
-    rows = []
-    for name in args.cases:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(lm, name, CASES[name], args.tokens, Path(tmp)))
-        print(rows[-1], flush=True)
-    result = {"environment": environment(lm), "command": command_line(), "rows": rows}
-    publish(result, markdown(result), args.json, args.append)
+    lm = harness.start(args)
+    rows = harness.per_case(
+        args.cases, lambda name, folder: measure(lm, name, CASES[name], args.tokens, folder)
+    )
+    return harness.finish(args, lm, markdown, rows=rows)
 
 
 def markdown(result: dict) -> str:
-    env = result["environment"]
     lines = [
-        "### Draft-and-verify decoding (`bench/drafts.py`)",
-        "",
-        environment_line(env, result["command"]),
-        "",
+        *harness.heading("Draft-and-verify decoding (`bench/drafts.py`)", result),
         "| case | sessions | tokens | passes off → on | tokens/step (τ) | guesses right | "
         "seconds off → on | speed-up | tokens/s on | transformers step loop | bit-exact |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -145,5 +126,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

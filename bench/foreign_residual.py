@@ -16,22 +16,18 @@ loaded back on the same machine and compared bit for bit. Reported: the share of
 that differ from the canonical recompute, and the bits per position the replay record costs
 beyond a tokens-only archive of the same ids (and beyond the token payload).
 
-    python bench/foreign_residual.py --json bench/results/foreign_residual.json \
+    python -m bench.foreign_residual --json bench/results/foreign_residual.json \
         --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+from bench import harness
+from bench.harness import SAMPLE, timed
 
 CASES = [
     ("prose.txt", "bf16"),
@@ -156,44 +152,33 @@ def _add_replayed(path: Path, model, sid: str, ids, cache):
         return arc.add(sid, ids, cache=cache)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@torch.no_grad()  # nothing here trains: no autograd graphs
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--verify-all", action="store_true", help="decode every case")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.runtime.numerics import DEFAULT, build_canonical
 
-    lm = load_model()
+    lm = harness.start(args)
     canon = build_canonical(lm.model, DEFAULT)
-    rows = []
-    for i, (text, dtype) in enumerate(CASES):
-        with tempfile.TemporaryDirectory() as tmp:
-            verify = args.verify_all or i == 0
-            rows.append(measure(lm, canon, text, dtype, args.tokens, Path(tmp), verify))
-        print(rows[-1], flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        replay = [replay_case(lm, "prose.txt", args.tokens, Path(tmp))]
-    print(replay[-1], flush=True)
-    result = {
-        "environment": environment(lm),
-        "command": command_line(),
-        "rows": rows,
-        "replay": replay,
-    }
-    publish(result, markdown(result), args.json, args.append)
+
+    def case(i: int, folder: Path) -> dict:
+        text, dtype = CASES[i]
+        verify = args.verify_all or i == 0
+        return measure(lm, canon, text, dtype, args.tokens, folder, verify)
+
+    rows = harness.per_case(range(len(CASES)), case)
+    replay = harness.per_case(
+        ["prose.txt"], lambda text, folder: replay_case(lm, text, args.tokens, folder)
+    )
+    return harness.finish(args, lm, markdown, rows=rows, replay=replay)
 
 
 def markdown(result: dict) -> str:
-    env = result["environment"]
     lines = [
-        "### A foreign cache's residual (`bench/foreign_residual.py`)",
-        "",
-        environment_line(env, result["command"]),
-        "",
+        *harness.heading("A foreign cache's residual (`bench/foreign_residual.py`)", result),
         "| text | stored as | positions | log2 PP | elements differing | residual written "
         "| as `SKR1` | `SKR1` / written | tokens bits/pos | file bits/pos | bit-exact |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -230,5 +215,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

@@ -1,7 +1,7 @@
 """GPU checks for a lent machine: CPU/GPU byte identity, and the speed of the GPU paths.
 
-    python bench/gpu_check.py --out DIR              # on a CUDA machine (bench/gpu_check.sh)
-    python bench/gpu_check.py --out DIR --cpu-dry-run  # the same code, tiny sizes, on CPU
+    python -m bench.gpu_check --out DIR              # on a CUDA machine (bench/gpu_check.sh)
+    python -m bench.gpu_check --out DIR --cpu-dry-run  # the same code, tiny sizes, on CPU
 
 1. Entropy coder: numpy (CPU) vs torch-on-device bytes for the same symbols and lanes, both
    decoders on both streams, and device encode/decode GB/s on >= 256 MB of bf16 K/V.
@@ -19,18 +19,14 @@ Writes gpu_check.md and gpu_check.json to --out.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
-
-from bench.common import write_atomic
+from bench import harness
 from bench.gpu_files import whole_files
 from bench.gpu_portable import portable_forward
 from bench.gpu_report import markdown
@@ -151,14 +147,16 @@ def canonical_on_device(shape: dict, device: str, tokens: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    # no --model: the model's shape is the embedded one's (or TINY's), weights random
+    parser = harness.parser(__doc__, model=False)
     parser.add_argument("--out", type=Path, required=True, help="folder for the report")
     parser.add_argument("--cpu-dry-run", action="store_true", help="same code, tiny, on CPU")
     parser.add_argument("--kv-mb", type=float, help="MB of bf16 K/V for the entropy coder")
     parser.add_argument("--sessions", type=int, help="sessions decoded in lockstep")
     parser.add_argument("--tokens", type=int, help="tokens per session")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    harness.start(args)
     dry = args.cpu_dry_run
     if not dry and not torch.cuda.is_available():
         raise SystemExit("CUDA is not available to this torch build; use --cpu-dry-run")
@@ -168,6 +166,8 @@ def main() -> None:
     sessions, tokens = args.sessions or (4 if dry else 64), args.tokens or (8 if dry else 128)
     chars = 60 if dry else 400  # characters per session of the whole-file step (byte tokens)
     report = {
+        "environment": harness.environment(),
+        "command": harness.command_line(),
         "mode": "cpu dry run" if dry else "gpu",
         "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name() if not dry else "cpu",
@@ -200,9 +200,10 @@ def main() -> None:
             report[name] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
             print(f"gpu_check: {name} failed: {report[name]['error']}", flush=True)
         report[f"{name}_seconds"] = time.perf_counter() - start
-        write_atomic(args.out / "gpu_check.json", json.dumps(report, indent=2))
-        write_atomic(args.out / "gpu_check.md", markdown(report))  # a cut-off run keeps both
-    print(markdown(report))
+        harness.write_text(args.out / "gpu_check.json", json.dumps(report, indent=2))
+        harness.write_text(args.out / "gpu_check.md", markdown(report))  # a cut-off run keeps both
+    harness.publish(report, markdown(report), args.json, args.append)
+    return report
 
 
 if __name__ == "__main__":

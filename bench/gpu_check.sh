@@ -60,4 +60,4 @@ if [[ $dry -eq 0 && "${cuda%% *}" != "1" ]]; then
     exit 3
 fi
 [[ $dry -eq 1 ]] && extra+=(--cpu-dry-run)
-exec "$py" bench/gpu_check.py --out "$out" "${extra[@]}"
+exec "$py" -m bench.gpu_check --out "$out" "${extra[@]}"

@@ -49,8 +49,7 @@ def shape_config(shape: dict) -> dict:
 
 def tests_conftest():
     """tests/conftest.py, whose model builders the GPU check reuses."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import conftest
+    from tests import conftest
 
     return conftest
 

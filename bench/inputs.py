@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common import SAMPLE, Run
+from bench.common import Run
+from bench.harness import SAMPLE
 
 SET = (
     ("prose.txt", "prose"),

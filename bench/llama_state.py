@@ -13,22 +13,19 @@ chat's), its own user message and a 24-token greedy reply, and is saved as llama
 ids as bench/agent_memory.py): llama.cpp's state file of each turn next to the archive that
 imports each turn's state as it comes (exact and tokens only).
 
-    python bench/llama_state.py --json bench/results/llama_state.json --append docs/BENCHMARKS.md
-    python bench/llama_state.py --agent --json bench/results/llama_state_agent.json
+    python -m bench.llama_state --json bench/results/llama_state.json --append docs/BENCHMARKS.md
+    python -m bench.llama_state --agent --json bench/results/llama_state_agent.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish
+from bench import harness
+from bench.harness import SAMPLE
 
 REPLY_TOKENS = 24
 
@@ -123,12 +120,12 @@ def agent(lm, args) -> None:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-    result = {"environment": environment(lm), "turns": rows}
+    result = {"environment": harness.environment(lm), "command": harness.command_line()}
+    result["turns"] = rows
     lines = [
-        "### llama.cpp's state of each agent turn (`bench/llama_state.py --agent`)",
-        "",
-        environment_line(result["environment"], command_line()),
-        "",
+        *harness.heading(
+            "llama.cpp's state of each agent turn (`bench/llama_state.py --agent`)", result
+        ),
         "| turn | tokens | llama.cpp state file (this turn) | seqkv exact, all turns so far "
         "| seqkv tokens only, all turns so far | bf16 cache (this turn) | import (exact) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -139,20 +136,20 @@ def agent(lm, args) -> None:
             f"{r['exact_file_bytes']:,} B | {r['tokens_only_file_bytes']:,} B | "
             f"{r['bf16_last_cache_bytes']:,} B | {r['import_exact_seconds']} s |"
         )
-    publish(result, "\n".join(lines), args.json, args.append)
+    harness.publish(result, "\n".join(lines), args.json, args.append)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    # no --model: llama.cpp runs the embedded model's own GGUF
+    parser = harness.parser(__doc__, model=False)
     parser.add_argument("--slots", type=int, default=20)
     parser.add_argument("--agent", action="store_true")
     parser.add_argument(
         "--exports", type=int, default=1, help="slots exported and compared, from the last"
     )
     parser.add_argument("--max-tokens", type=int, default=600)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    harness.start(args)
 
     from seqkv_cli.llamacpp.transfer import export_state, import_states
     from seqkv_cli.runtime.loading import load_model
@@ -189,7 +186,8 @@ def main() -> None:
     positions = sum(s.tokens for s in exact.states)
     rel = [s.relative_difference for s in exact.states]
     result = {
-        "environment": environment(lm),
+        "environment": harness.environment(lm),
+        "command": harness.command_line(),
         "slots": args.slots,
         "positions": positions,
         "state_bytes": state_bytes,
@@ -209,13 +207,11 @@ def main() -> None:
             "export_tokens_only_one": export_tokens_s,
         },
     }
-    env = result["environment"]
     table = "\n".join(
         [
-            f"### llama.cpp slot states: {args.slots} llama-server slots in one archive",
-            "",
-            environment_line(env, command_line()),
-            "",
+            *harness.heading(
+                f"llama.cpp slot states: {args.slots} llama-server slots in one archive", result
+            ),
             "| stored as | bytes | ratio vs the state files | bits/position |",
             "|---|---:|---:|---:|",
             f"| llama.cpp state files ({args.slots}, {positions:,} positions, f16 K/V) | "
@@ -234,7 +230,7 @@ def main() -> None:
             "recompute of the Q4_1 GGUF.",
         ]
     )
-    publish(result, table, args.json, args.append)
+    harness.publish(result, table, args.json, args.append)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The portable forward against a transformers fp32 one, in one run: issue 29's ratios.
 
-    python bench/native_speed.py --json bench/results/native_speed.json --append docs/BENCHMARKS.md
+    python -m bench.native_speed --json bench/results/native_speed.json --append docs/BENCHMARKS.md
 
 * whole processes (the `seqkv` command, OMP_WAIT_POLICY=PASSIVE as it sets): `capture` of a
   ~2,000-token text (prose + code) on the default path (portable-fx53-v3) and on v2 (the
@@ -16,7 +16,6 @@ Run it alone: on 2 cores a neighbour's load is measured too.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -27,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish
+from bench import harness
+from bench.harness import SAMPLE
 
 TOKENS = 2000
 
@@ -45,12 +43,12 @@ def _seqkv(*args: str, env: dict | None = None) -> float:
     return seconds
 
 
-def processes(folder: Path, lm, threads: int) -> dict:
+def processes(folder: Path, lm, threads: int, model: list[str]) -> dict:
     text = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
     ids = lm.tokenizer(text).input_ids[:TOKENS]
     src = folder / "prose_code.txt"
     src.write_text(lm.tokenizer.decode(ids))
-    threads = ("--threads", str(threads))
+    threads = ("--threads", str(threads), *model)
     plain = _seqkv(
         "capture", str(src), "-o", str(folder / "plain.safetensors"), "--no-canonical", *threads
     )
@@ -60,15 +58,8 @@ def processes(folder: Path, lm, threads: int) -> dict:
         *threads,
     )  # fmt: skip
     skv = folder / "fast.skv"
-    _seqkv(
-        "compress",
-        str(folder / "canon.safetensors"),
-        "-o",
-        str(skv),
-        "--codec",
-        "seq-fast",
-        *threads,
-    )
+    _seqkv("compress", str(folder / "canon.safetensors"), "-o", str(skv), "--codec", "seq-fast",
+           *threads)  # fmt: skip
     restore = _seqkv("decompress", str(skv), "-o", str(folder / "restored"), *threads)
     return {
         "capture_no_canonical_s": plain,
@@ -167,32 +158,27 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__, threads=2)
     parser.add_argument("--reference", action="store_true", help="add v3 without the kernels")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path, help="append the Markdown table to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what the seqkv command sets
-    torch.set_num_threads(args.threads)
-
-    from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.runtime.numerics import PORTABLE, PORTABLE_V2
 
-    lm = load_model()
-    result = {"environment": environment(lm)}
+    lm = harness.start(args)
     with tempfile.TemporaryDirectory() as tmp:
-        result["processes"] = processes(Path(tmp), lm, args.threads)
-    print("processes", result["processes"], flush=True)
+        procs = processes(Path(tmp), lm, args.threads, harness.model_options(args))
+    print("processes", procs, flush=True)
     runs = {PORTABLE: in_process(lm, PORTABLE), PORTABLE_V2: in_process(lm, PORTABLE_V2)}
     if args.reference:
         runs[f"{PORTABLE}, torch reference"] = in_process(lm, PORTABLE, reference=True)
-    result["runs"] = runs
     print("runs", runs, flush=True)
-    heading = "### The portable forward at native speed (issue 29)\n\n"
-    env_line = environment_line(result["environment"], command_line())
-    publish(result, heading + env_line + "\n\n" + table(result) + "\n", args.json, args.append)
+    return harness.finish(args, lm, markdown, processes=procs, runs=runs)
+
+
+def markdown(result: dict) -> str:
+    title = "The portable forward at native speed (issue 29)"
+    return "\n".join([*harness.heading(title, result), table(result)]) + "\n"
 
 
 if __name__ == "__main__":

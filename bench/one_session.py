@@ -8,21 +8,17 @@ bound for a one-session file, 1.02 x log2 PP + 512 / positions. With `--verify` 
 for prose only: decoding steps the model once per token), the compact file is decoded and
 compared with its capture bit for bit before it is counted.
 
-    python bench/one_session.py --json bench/results/one_session.json --append docs/BENCHMARKS.md
+    python -m bench.one_session --json bench/results/one_session.json --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+from bench import harness
+from bench.harness import SAMPLE, timed
 
 TEXTS = ["prose.txt", "sample_code.py", "agent_transcript.jsonl"]
 
@@ -67,33 +63,25 @@ def measure(lm, text: str, folder: Path, verify: bool) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@torch.no_grad()  # nothing here trains: no autograd graphs
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--texts", nargs="+", default=TEXTS)
     parser.add_argument("--verify", nargs="*", default=["prose.txt"], help="texts to decode")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    from seqkv_cli.runtime.loading import load_model
-
-    lm = load_model()
-    rows = []
-    for text in args.texts:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(lm, text, Path(tmp), text in args.verify))
-        print(rows[-1], flush=True)
-    result = {"environment": environment(lm), "command": command_line(), "rows": rows}
-    publish(result, markdown(result), args.json, args.append)
+    lm = harness.start(args)
+    rows = harness.per_case(
+        args.texts, lambda text, folder: measure(lm, text, folder, text in args.verify)
+    )
+    return harness.finish(args, lm, markdown, rows=rows)
 
 
 def markdown(result: dict) -> str:
-    env = result["environment"]
     lines = [
-        "### One session, one file: the compact layout (`bench/one_session.py`)",
-        "",
-        environment_line(env, result["command"]),
-        "",
+        *harness.heading(
+            "One session, one file: the compact layout (`bench/one_session.py`)", result
+        ),
         "| text | positions | log2 PP | token payload | compact file | fixed cost | full trie file "
         "| compact bits/pos | full bits/pos | bound 1.02·log2 PP + 512/n | within | bit-exact |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
@@ -111,5 +99,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

@@ -8,22 +8,19 @@ of `--speed-runs` and restored (guesses on, the default); every restore must equ
 capture bit for bit (tokens, surprisal, every K/V tensor) or the bench stops. A plain
 transformers DynamicCache step loop over the same tokens is timed for scale.
 
-    python bench/parallel.py --json bench/results/parallel.json
-    python bench/parallel.py --bits-only --json bench/results/parallel-bits.json  # no restores
+    python -m bench.parallel --json bench/results/parallel.json
+    python -m bench.parallel --bits-only --json bench/results/parallel-bits.json  # no restores
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+from bench import harness
+from bench.common import restore_all
+from bench.harness import SAMPLE
 
 CASES = {
     "prose": "prose.txt",
@@ -39,15 +36,6 @@ def token_bits(canon, tokens, runs: int) -> tuple[int, float]:
 
     data, ideal = SeqCodec(parallel=runs).encode_tokens(tokens, CanonicalLogits(canon))
     return len(data), ideal
-
-
-def restore_seconds(lm, path: Path):
-    from seqkv_cli.skv.restore import Archive
-
-    with Archive(path, model=lm) as arc:
-        arc.canonical()  # model set-up is not decode time
-        pairs, seconds = timed(lambda: list(arc.restore_many(arc.sessions)))
-    return {e["id"]: r for e, r in pairs}, seconds
 
 
 def measure(lm, name: str, args, folder: Path) -> dict:
@@ -102,7 +90,7 @@ def measure(lm, name: str, args, folder: Path) -> dict:
         spec = {"id": "seq", "numerics": DEFAULT, "parallel": runs}  # a dict names its path
         # check=False: the restore below is compared with the capture bit for bit
         compress_captures([res.path], skv, codec=spec, model=lm, check=False, layout="flat")
-        restored, seconds = restore_seconds(lm, skv)
+        restored, seconds, _ = restore_all(lm, skv)
         if not same_capture(small, restored[small.session_id]):
             raise SystemExit(f"{name}: --parallel {runs} restored differently")
         row["speed"].append(
@@ -122,38 +110,27 @@ def measure(lm, name: str, args, folder: Path) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@torch.no_grad()  # nothing here trains: no autograd graphs
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--tokens", type=int, default=1024, help="tokens for the bits table")
     parser.add_argument("--runs", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--speed-tokens", type=int, default=512, help="tokens restored")
     parser.add_argument("--speed-runs", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--bits-only", action="store_true", help="the bits table alone")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.speed_runs[0] != 1:
         parser.error("--speed-runs must start with 1 (the speed-up is against it)")
 
-    from seqkv_cli.runtime.loading import load_model
-
-    lm = load_model()
-    rows = []
-    for name in args.cases:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(lm, name, args, Path(tmp)))
-    result = {"environment": environment(lm), "command": command_line(), "rows": rows}
-    publish(result, markdown(result), args.json, args.append)
+    lm = harness.start(args)
+    rows = harness.per_case(args.cases, lambda name, folder: measure(lm, name, args, folder))
+    return harness.finish(args, lm, markdown, rows=rows)
 
 
 def markdown(result: dict) -> str:
-    env = result["environment"]
     lines = [
-        "### Chunk-parallel `seq` streams (`bench/parallel.py`)",
-        "",
-        environment_line(env, result["command"]),
-        "",
+        *harness.heading("Chunk-parallel `seq` streams (`bench/parallel.py`)", result),
         "| case | tokens | log2 PP | runs | token stream | bits/position | vs 1 run |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -185,5 +162,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

@@ -5,14 +5,13 @@ Each variant decodes the file in a fresh subprocess under other kernels: ISA lev
 counts. Every restored session is hashed (tokens, surprisal, every K/V tensor) and compared
 with the encoding process's own capture.
 
-    python bench/portability.py --tokens 1000 --threads 2     # the issue's done-when run
-    python bench/portability.py --tokens 1000 --skip-mkl      # without the two MKL variants
-    python bench/portability.py decode FILE.skv [--model M]    # one child (prints JSON)
+    python -m bench.portability --tokens 1000 --threads 2     # the issue's done-when run
+    python -m bench.portability --tokens 1000 --skip-mkl      # without the two MKL variants
+    python -m bench.portability decode FILE.skv [--model M]    # one child (prints JSON)
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -22,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "sample_data"
+from bench import harness
+from bench.harness import ROOT, SAMPLE
 
 
 def capture_digest(cap) -> str:
@@ -65,11 +64,11 @@ def decode_in_child(path: Path, model: str | None, env_extra: dict[str, str], ti
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "codecs"), env.get("PYTHONPATH", "")]
     )
-    cmd = [sys.executable, str(Path(__file__).resolve()), "decode", str(path)]
+    cmd = [sys.executable, "-m", "bench.portability", "decode", str(path)]
     if model:
         cmd += ["--model", model]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
         raise RuntimeError(f"decode under {env_extra} failed: {tail[0]}")
@@ -85,59 +84,51 @@ def _child(args) -> None:
     print(json.dumps(decode_digests(Path(args.file), args.model)))
 
 
-def _bench(args) -> None:
-    import torch
-
+def _bench(args) -> dict:
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.skv.compress import compress_captures
 
-    torch.set_num_threads(args.threads)
+    lm = harness.start(args)
     work = Path(tempfile.mkdtemp(prefix="seqkv-port-"))
     text = (SAMPLE / "prose.txt").read_text() + "\n" + (SAMPLE / "sample_code.py").read_text()
     (work / "doc.txt").write_text(text)
     t0 = time.perf_counter()
-    [res] = capture([str(work / "doc.txt")], out=work / "caps", max_tokens=args.tokens)
+    [res] = capture([str(work / "doc.txt")], model=lm, out=work / "caps", max_tokens=args.tokens)
     skv = work / "doc.skv"
-    compress_captures([res.path], skv, codec="seq", check=False)  # children check
+    compress_captures([res.path], skv, codec="seq", model=lm, check=False)  # children check
     encode_s = time.perf_counter() - t0
     want = {res.capture.meta["session_id"]: capture_digest(res.capture)}
     rows = []
     for env in variants([1, 3, 5, 7], mkl=not args.skip_mkl):
-        got, secs = decode_in_child(skv, None, env, timeout=3600)
+        got, secs = decode_in_child(skv, args.model, env, timeout=3600)
         rows.append((env, got == want, secs))
         print(f"{env}: {'bit-exact' if got == want else 'DIFFERENT'} ({secs:.0f} s)", flush=True)
-    print(
-        f"\n{res.capture.positions} positions, encoded with {args.threads} threads in "
+    summary = (
+        f"{res.capture.positions} positions, encoded with {args.threads} threads in "
         f"{encode_s:.0f} s; {sum(ok for _, ok, _ in rows)}/{len(rows)} variants bit-exact"
     )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "positions": res.capture.positions,
-                    "threads": args.threads,
-                    "variants": [{"env": e, "exact": ok, "seconds": s} for e, ok, s in rows],
-                },
-                indent=1,
-            )
-        )
+    return harness.finish(
+        args,
+        lm,
+        lambda _: "\n" + summary,
+        positions=res.capture.positions,
+        threads=args.threads,
+        variants=[{"env": e, "exact": ok, "seconds": s} for e, ok, s in rows],
+    )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = harness.parser(__doc__, threads=2)
     sub = parser.add_subparsers(dest="cmd")
     dec = sub.add_parser("decode")
     dec.add_argument("file")
     dec.add_argument("--model")
     parser.add_argument("--tokens", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json")
     parser.add_argument("--skip-mkl", action="store_true", help="leave out the MKL variants")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cmd == "decode":
-        _child(args)
-    else:
-        _bench(args)
+        return _child(args)
+    return _bench(args)
 
 
 if __name__ == "__main__":

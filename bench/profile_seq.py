@@ -13,7 +13,8 @@ import cProfile
 import pstats
 from pathlib import Path
 
-from bench.common import Run, timed
+from bench.common import Run
+from bench.harness import timed
 
 # (category, file suffix, function name); a category may list several functions
 CATEGORIES = (

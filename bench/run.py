@@ -1,7 +1,7 @@
 """The benchmark suite: every codec on the embedded model, in one run on one machine.
 
-    python bench/run.py --append docs/BENCHMARKS.md          # full: <= 30 min on 2 cores
-    python bench/run.py --quick                               # smoke test: < 2 min
+    python -m bench.run --append docs/BENCHMARKS.md          # full: <= 30 min on 2 cores
+    python -m bench.run --quick                               # smoke test: < 2 min
 
 Sections (all by default; `--sections` picks some): rates (bits/position, ratio vs fp16,
 log2 PP, fidelity, encode/decode speed of every codec), speed (ratios to plain transformers,
@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
-
-import torch
-
-from bench.common import ROOT, Run, append_markdown, command_line, environment, write_json
+from bench import harness
+from bench.common import Run
+from bench.harness import ROOT, append_markdown, command_line, environment, write_json
 
 SECTIONS = ("rates", "speed", "memory", "context", "sessions", "profile")
 PROFILE_TOKENS = 1024
@@ -53,11 +50,10 @@ def _sections(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    # --out is the suite's older name for --json, kept for the recorded commands
     parser.add_argument("--out", type=Path, help="raw JSON (default bench/results/run-DATE.json)")
-    parser.add_argument("--append", type=Path, help="append the Markdown report to this file")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--sections", type=_sections, default=SECTIONS, help=",".join(SECTIONS))
     parser.add_argument(
         "--sessions", type=_ints, help="sessions per archive (default 1,2,5,10,20,50,100)"
@@ -69,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sessions-singles", type=int, help="sessions also compressed alone (default 10)"
     )
     args = parser.parse_args(argv)
+    args.out = args.out or args.json
     if args.out is None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
         args.out = ROOT / "bench" / "results" / f"run-{stamp}{'-quick' if args.quick else ''}.json"
@@ -133,13 +130,10 @@ def _run_one(run: Run, args: argparse.Namespace, name: str, set_results: list) -
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     from bench.report import render
-    from seqkv_cli.runtime.loading import load_model
 
     started = time.perf_counter()
-    lm = load_model()
+    lm = harness.start(args)
     payload = {
         "command": command_line(),
         "quick": args.quick,

@@ -13,22 +13,19 @@ most share a long prefix. The same sessions are compressed (with the embedded mo
 Reported: sessions/s and tokens/s of each run, total shard bytes against the single archive,
 and an estimate for N GPU actors from the measured per-actor rate.
 
-    python bench/scale.py --json bench/results/scale.json --append docs/BENCHMARKS.md
+    python -m bench.scale --json bench/results/scale.json --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, publish
+from bench import harness
+from bench.harness import SAMPLE
 
 TOPICS = ["a late parcel", "a torn tent seam", "a gift card balance", "store hours", "sizing"]
 
@@ -47,11 +44,10 @@ def sessions(count: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    ap = harness.parser(__doc__)
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--shard-sessions", type=int, default=250)
-    ap.add_argument("--model", default=None, help="model folder or .gguf (default: embedded)")
     ap.add_argument(
         "--tiny",
         action="store_true",
@@ -59,21 +55,17 @@ def main() -> None:
         "measures the pipeline itself, not the model's forward",
     )
     ap.add_argument("--workers", default="1,2", help="Ray actor counts to run")
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--append", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
-    from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.scale.common import DatasetOptions
     from seqkv_cli.scale.local import compress_dataset, compress_dataset_to_file
 
     folder = Path(tempfile.mkdtemp(prefix="seqkv-scale-"))
     if args.tiny:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from conftest import build_tiny_model
+        from tests.conftest import build_tiny_model
 
         args.model = str(build_tiny_model(folder / "tiny-llama", context=4096))
-    lm = load_model(args.model)
+    lm = harness.start(args)
     data = folder / "sessions.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in sessions(args.sessions)))
     options = DatasetOptions(shard_sessions=args.shard_sessions, verify=False)
@@ -144,28 +136,26 @@ def main() -> None:
     per_actor = max((r["sessions_per_s"] for r in ray_runs), default=0) / max(
         (int(r["run"].split(", ")[2].split()[0]) for r in ray_runs), default=1
     )
-    result = {
-        "environment": environment(lm),
-        "command": command_line(),
-        "sessions": args.sessions,
-        "shard_sessions": args.shard_sessions,
-        "tiny_model": args.tiny,
-        "runs": runs,
-        "per_actor_sessions_per_s": round(per_actor, 2),
-    }
     shutil.rmtree(folder, ignore_errors=True)
-    publish(result, markdown(result), args.json, args.append)
+    return harness.finish(
+        args,
+        lm,
+        markdown,
+        sessions=args.sessions,
+        shard_sessions=args.shard_sessions,
+        tiny_model=args.tiny,
+        runs=runs,
+        per_actor_sessions_per_s=round(per_actor, 2),
+    )
 
 
 def markdown(result: dict) -> str:
     env = result["environment"]
     lines = [
-        f"### Scale-out: {result['sessions']:,} chat sessions into prefix shards",
-        "",
-        f"`{result['command']}` — {env['date']}, {env['cpu']}, {env['cores']} cores, torch "
-        f"{env['torch']}, model "
-        f"{'tiny random 2-layer llama' if result['tiny_model'] else env['model']['name']}, "
-        f"commit {env['commit']}; "
+        *harness.heading(
+            f"Scale-out: {result['sessions']:,} chat sessions into prefix shards", result
+        ),
+        f"Model {'tiny random 2-layer llama' if result['tiny_model'] else env['model']['name']}; "
         f"shards of up to {result['shard_sessions']} sessions, verification off.",
         "",
         "| run | shards | seconds | sessions/s | tokens/s | bytes | vs one archive |",

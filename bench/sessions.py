@@ -25,7 +25,7 @@ QUICK = (64, 16)
 
 def prefix_and_pool(lm, prefix_len: int) -> tuple[list[int], list[int]]:
     """The chats' shared templated prefix, and a pool of other tokens to cut tails from."""
-    from bench.common import SAMPLE
+    from bench.harness import SAMPLE
     from bench.inputs import documents
     from seqkv_cli.kvcapture.engine import tokenize
     from seqkv_cli.kvcapture.inputs import read_inputs

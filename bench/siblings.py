@@ -12,22 +12,19 @@ guesses on, the default), each restore compared with its capture bit for bit. Re
 restored positions per second (what a user gets back: every session whole) and decoded
 tokens per second (a shared prefix counts once), and model passes. Run alone on the machine.
 
-    python bench/siblings.py --json bench/results/siblings.json --append docs/BENCHMARKS.md
+    python -m bench.siblings --json bench/results/siblings.json --append docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import SAMPLE, command_line, environment, environment_line, publish, timed
+from bench import harness
+from bench.harness import SAMPLE, timed
 
 
 def chat_inputs(folder: Path, count: int) -> list[Path]:
@@ -148,35 +145,30 @@ def measure(lm, name: str, inputs, args, folder: Path) -> dict:
 CASES = {"chats": chat_inputs, "independent": independent_inputs}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@torch.no_grad()  # nothing here trains: no autograd graphs
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=160, help="independent: tokens each")
-    parser.add_argument("--model", help="model folder or .gguf (default: the embedded model)")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--append", type=Path)
-    args = parser.parse_args()
-    from seqkv_cli.runtime.loading import load_model
+    args = parser.parse_args(argv)
+    lm = harness.start(args)
 
-    lm = load_model(args.model)
-    rows = []
-    for name in args.cases:
-        with tempfile.TemporaryDirectory() as tmp:
-            case_args = argparse.Namespace(**vars(args))
-            if name == "chats":
-                case_args.tokens = None  # whole chats: the shared prompt and each reply
-            rows.append(measure(lm, name, CASES[name], case_args, Path(tmp)))
-    result = {"environment": environment(lm), "command": command_line(), "rows": rows}
-    publish(result, markdown(result), args.json, args.append)
+    def case(name: str, folder: Path) -> dict:
+        case_args = argparse.Namespace(**vars(args))
+        if name == "chats":
+            case_args.tokens = None  # whole chats: the shared prompt and each reply
+        return measure(lm, name, CASES[name], case_args, folder)
+
+    rows = harness.per_case(args.cases, case)
+    return harness.finish(args, lm, markdown, rows=rows)
 
 
 def markdown(result: dict) -> str:
     lines = [
-        "### Sibling sessions restored together (`bench/siblings.py`, issue 12)",
-        "",
-        environment_line(result["environment"], result["command"]),
-        "",
+        *harness.heading(
+            "Sibling sessions restored together (`bench/siblings.py`, issue 12)", result
+        ),
         "| case | sessions restored | positions | decoded tokens | passes | seconds "
         "| positions/s | decoded tokens/s | vs one alone (positions/s, decoded/s) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -198,5 +190,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

@@ -7,7 +7,7 @@ REV` the same archive is also restored by seqkv at git revision REV (a temporary
 run in a subprocess), so before and after are measured in one run on one machine; both
 restores must give the same bytes (a SHA-256 over every restored tensor).
 
-    python bench/trie_batching.py --compare HEAD~1 --json bench/results/trie_batching.json
+    python -m bench.trie_batching --compare HEAD~1 --json bench/results/trie_batching.json
 
 The tiny random model (tests/conftest.py) is the default: pass counts do not depend on the
 model, seconds do (`--model` takes a folder or .gguf; the embedded model's passes cost
@@ -16,25 +16,24 @@ model, seconds do (`--model` takes a folder or .gguf; the embedded model's passe
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+
+ROOT = harness.ROOT
 
 
 def build(folder: Path, sessions: int, model: str | None) -> tuple[Path, str]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import build_tiny_model
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.skv.compress import compress_captures
+    from tests.conftest import build_tiny_model
 
     model = model or str(build_tiny_model(folder / "tiny", seed=3))
     lm = load_model(model)
@@ -98,20 +97,18 @@ def measure(code_root: Path, archive: Path, model: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__, model=False)
     parser.add_argument("--sessions", type=int, default=24, help="branches (x2 continuations)")
     parser.add_argument("--model", help="model folder or .gguf (default: the tiny model)")
     parser.add_argument("--compare", metavar="REV", help="also restore with seqkv at REV")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from bench.common import command_line, environment, write_json
+    args = parser.parse_args(argv)
+    harness.start(args, load=False)  # the model is built or loaded in build()
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         archive, model = build(folder, args.sessions, args.model)
-        result = {"environment": environment(), "command": command_line()}
+        result = {"environment": harness.environment(), "command": harness.command_line()}
         result["now"] = measure(ROOT, archive, model)
         if args.compare:
             tree = folder / "before"
@@ -128,12 +125,10 @@ def main() -> None:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
             if result["before"]["sha256"] != result["now"]["sha256"]:
                 raise SystemExit("the two restores differ: continuous batching changed output")
-    print(json.dumps(result, indent=1))
-    if args.json:
-        write_json(args.json, result)
+    harness.publish(result, json.dumps(result, indent=1), args.json, args.append)
+    return result
 
 
 if __name__ == "__main__":
-    start = time.perf_counter()
-    main()
-    print(f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    _, seconds = harness.timed(main)
+    print(f"({seconds:.0f} s)", file=sys.stderr)

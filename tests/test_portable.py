@@ -7,7 +7,6 @@ other machines are simulated in subprocesses (ISA level, MKL instructions, threa
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,6 @@ from conftest import FAMILIES, tiny_family_model
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.portable import elementary, exact
 from seqkv_cli.runtime.portable.model import PortableLM
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -242,7 +239,7 @@ def _variant_id(env):
     ids=_variant_id,
 )
 def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tiny_model_dir, env):
-    from portability import capture_digest, decode_in_child
+    from bench.portability import capture_digest, decode_in_child
 
     work, captures = portable_archive
     want = {sid: capture_digest(cap) for sid, cap in captures.items()}
@@ -253,8 +250,7 @@ def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tin
 
 @pytest.mark.model
 def test_embedded_model_archive_decodes_the_same_under_other_isa_and_threads(embedded_lm, tmp_path):
-    from portability import capture_digest, decode_in_child
-
+    from bench.portability import capture_digest, decode_in_child
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.skv.compress import compress_captures
 

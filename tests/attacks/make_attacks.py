@@ -3,7 +3,7 @@
 Every file passes its checksums (tests/forge.py signs them again), so only the parsers behind
 the CRC stand between it and a traceback, a hang or a huge allocation. expected.json names
 each file's attack and the one-line refusal the CLI must print (a substring of it). Usage:
-python tests/attacks/make_attacks.py tests/attacks
+python -m tests.attacks.make_attacks tests/attacks
 """
 
 from __future__ import annotations
@@ -15,19 +15,13 @@ import tempfile
 import zlib
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "skv"),
-]
-
-from forge import put_together, read_tables, take_apart  # noqa: E402
-from seqkv_cli.trie.tables import encode_tables  # noqa: E402
+from seqkv_cli.trie.tables import encode_tables
+from tests.forge import put_together, read_tables, take_apart
 
 
 def _sources(folder: Path) -> list[Path]:
-    from test_bounded_parsers import _capture
-
     from seqkv_cli.kvcapture.capture_file import save_capture
+    from tests.skv.test_bounded_parsers import _capture
 
     out = []
     for k, tokens in enumerate(([5, 6, 7, 8, 9, 10], [5, 6, 7, 11, 12])):
@@ -38,7 +32,7 @@ def _sources(folder: Path) -> list[Path]:
 
 def _names(sections, raw: bytes) -> None:
     """Replace the zlib'd names at the end of t1/index with `raw`, compressed."""
-    from test_structure_fuzz import _names_length
+    from tests.skv.test_structure_fuzz import _names_length
 
     table = sections["t1/index"]
     head = bytearray(table[: len(table) - _names_length(table)])

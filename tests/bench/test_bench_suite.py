@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import Run, append_markdown, environment, write_json  # noqa: E402
+from bench.common import Run
+from bench.harness import append_markdown, environment, write_json
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +105,7 @@ def test_report_and_outputs(run, set_results, tmp_path):
     speed = run_speed(run, set_results)
     assert speed["seq_decode_tokens_per_s_1_session"] > 0
     payload = {
-        "command": "python bench/run.py --quick",
+        "command": "python -m bench.run --quick",
         "quick": True,
         "environment": environment(run.lm),
         "inputs": [{"session": "x", "positions": 32}],

@@ -4,7 +4,7 @@ They hold session `a` of a seq-portable-* golden (its capture and the tiny model
 coded with `seq` and `seq-fast` on that capture's numeric path: compact-v1/ (format 1.2) from
 seq-portable-v1/, compact-v3/ (format 1.5, seqkv 0.5) from seq-portable-v3/. Never re-run this
 to make a failing golden test pass. Usage:
-python tests/golden/make_golden_compact.py OUT_DIR [SEQ_GOLDEN_DIR (default seq-portable-v1)]
+python -m tests.golden.make_golden_compact OUT_DIR [SEQ_GOLDEN_DIR (default seq-portable-v1)]
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from seqkv_cli.skv.compress import compress_captures
 

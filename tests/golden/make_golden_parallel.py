@@ -4,7 +4,7 @@ It holds sessions `a` and `b` of seq-portable-v1/ (their captures and the tiny m
 seq-v1/), each coded as 3 runs on portable-fx53-v1, flat layout, in the token-run framing
 this seqkv writes: parallel-v1/ was written with SKPS version 1, parallel-v2/ with version 2
 (one shared header). Never re-run this into an existing folder to make a failing golden test
-pass. Usage: python tests/golden/make_golden_parallel.py OUT_DIR
+pass. Usage: python -m tests.golden.make_golden_parallel OUT_DIR
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from seqkv_cli.runtime.numerics import PORTABLE
 from seqkv_cli.skv.compress import compress_captures

@@ -4,7 +4,7 @@ A capture that is not canonical (the tiny model's ordinary transformers forward,
 bf16) needs a residual against the recompute; these files hold it as `SKR2` parts, so a
 reader must keep restoring that capture bit for bit from them. Never re-run this to make a
 failing golden test pass. Uses the tiny model stored in ../seq-v1/model.
-Usage: python tests/golden/make_golden_residual.py tests/golden/residual-skr2-v2 (stream
+Usage: python -m tests.golden.make_golden_residual tests/golden/residual-skr2-v2 (stream
 version 2, seqkv 0.3; residual-skr2-v1 holds version-1 streams written by seqkv 0.2)
 """
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.skv.compress import compress_captures

@@ -3,7 +3,7 @@
 Model-coded files need the exact model: the tiny random model is stored beside them (so the
 goldens do not depend on torch's random generator), with the capture they restore to. Never
 re-run this to make a failing golden test pass; a new numeric path gets new goldens beside the
-old ones. Usage: python tests/golden/make_golden_seq.py OUT_DIR [NUMERICS [MODEL_DIR]]
+old ones. Usage: python -m tests.golden.make_golden_seq OUT_DIR [NUMERICS [MODEL_DIR]]
 (seq-v1/ was written by de81bf6 on the legacy path; seq-portable-v1/ on portable-fx53-v1;
 seq-portable-v2/ on portable-fx53-v2 and seq-portable-v3/ on portable-fx53-v3 (seqkv 0.5), both
 with MODEL_DIR tests/golden/seq-v1/model.)
@@ -15,11 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from conftest import build_tiny_model
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.skv.compress import compress_captures
+from tests.conftest import build_tiny_model
 
 TEXT = (
     "Sequential coding stores what a model can predict in few bits: the tokens, coded "

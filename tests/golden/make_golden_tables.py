@@ -6,7 +6,7 @@ against the recompute's as `SKS1`) compressed with `seq` as a trie and a
 flat file, and a trie file grown by one `archive add` (two index records, both binary). A
 reader must keep restoring them bit for bit. Never re-run this to make a failing golden test
 pass. Uses the tiny model stored in ../seq-v1/model.
-Usage: python tests/golden/make_golden_tables.py tests/golden/tables-v1
+Usage: python -m tests.golden.make_golden_tables tests/golden/tables-v1
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from seqkv_cli.archive.append import add_captures
 from seqkv_cli.skv.compress import compress_captures

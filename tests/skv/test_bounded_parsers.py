@@ -15,12 +15,12 @@ import zlib
 import numpy as np
 import pytest
 
-from forge import put_together, read_tables, take_apart
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie import tables
 from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord, decode_tables, encode_tables
 from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.varint import encode_varint
+from tests.forge import put_together, read_tables, take_apart
 
 
 def _tables() -> SegmentTables:

@@ -47,12 +47,10 @@ LEGACY_WRITER = {
 @pytest.mark.parametrize("name", sorted(SEQ_FILES))
 def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
     """`seq`/`seq-fast` files written before numeric paths were named (legacy fp32 forward)."""
-    import sys
 
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("the legacy golden files need a CPU with AVX2 to imitate their writer")
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
-    from portability import capture_digest, decode_in_child
+    from bench.portability import capture_digest, decode_in_child
 
     with Archive(SEQ_GOLDEN / f"{name}.skv") as arc:
         assert arc.codec.codec_id == SEQ_FILES[name]["codec"]

@@ -34,9 +34,9 @@ import zlib
 import pytest
 import torch
 
-from forge import put_together, read_tables, take_apart
 from seqkv_cli.errors import SeqkvError
 from seqkv_codecs.errors import CodecError
+from tests.forge import put_together, read_tables, take_apart
 
 ENV_MUTATIONS = os.environ.get("SEQKV_FUZZ_MUTATIONS")  # when set, the budget of both tests
 DEFAULT_MUTATIONS = int(ENV_MUTATIONS or 1000)  # the default run
