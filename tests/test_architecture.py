@@ -119,7 +119,7 @@ THIRD_PARTY_PRIVATES = {
     ("seqkv_cli/report/quanto.py", "layer._quantized_values"),
     ("seqkv_cli/report/quanto.py", "layer._dequantize"),
     # torch's OpOverload schema: the only way to read an op's argument names
-    ("seqkv_cli/runtime/portable/mode.py", "func._schema"),
+    ("seqkv_cli/runtime/portable/op_policy.py", "func._schema"),
     # transformers' config: the attention/experts implementation is swapped for one call and
     # restored exactly (including "unset"), which the public setters cannot express
     ("seqkv_cli/runtime/portable/model.py", "c._attn_implementation_internal"),
