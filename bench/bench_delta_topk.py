@@ -126,18 +126,20 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> dict:
     from seqkv_cli import capture
     from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.numerics import LEGACY
 
     parser = harness.parser(__doc__, threads=1)
     parser.add_argument("--tokens", type=int, default=256, help="positions of prose.txt to use")
     args = parser.parse_args(argv)
     lm = harness.start(args)
-    canon = canonical_model(lm)
+    canon = canonical_model(lm, LEGACY)  # delta-topk's what-if forward is the legacy one's
     with tempfile.TemporaryDirectory() as tmp:
         [res] = capture(
             [str(SAMPLE / "prose.txt")],
             model=lm,
             out=Path(tmp),
             max_tokens=args.tokens,
+            numerics=LEGACY,
         )
     cap = res.capture
     rows = [run_session_codec(c, cap, canon) for c in CONFIGS]

@@ -249,12 +249,6 @@ def test_near_dup(model, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="delta-topk's predictor reads canon.embed, which the portable path's model lacks "
-    "(seqkv_cli/sequential/delta_topk.py, predict_kv)",
-)
 def test_delta_topk(model, tmp_path):
     out = run_bench("bench_delta_topk", ["--model", model, "--tokens", "16"], tmp_path)
     assert out["rows"]
