@@ -21,6 +21,8 @@ import struct
 from dataclasses import dataclass
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.framing import StreamReader
 
 SESSION_MAGIC = 0x6767736E  # 'ggsn'
 SESSION_VERSION = 10
@@ -93,18 +95,20 @@ class LlamaState:
 
 
 class _Reader:
+    """llama.cpp's fields over the codec library's one bounded reader (`framing`): a
+    shortfall is one SeqkvError naming the file and the field."""
+
     def __init__(self, data: bytes, name: str) -> None:
-        self.data, self.pos, self.name = memoryview(data), 0, name
+        self.stream, self.name, self.size = StreamReader(data, "llama.cpp state"), name, len(data)
 
     def take(self, n: int, what: str) -> memoryview:
-        if n < 0 or self.pos + n > len(self.data):
+        try:
+            return self.stream.take(n)
+        except CorruptStreamError:
             raise SeqkvError(
                 f"{self.name}: truncated llama.cpp state ({what} needs {n} bytes at offset "
-                f"{self.pos}, the file has {len(self.data)})"
-            )
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
+                f"{self.stream.position}, the file has {self.size})"
+            ) from None
 
     def u32(self, what: str) -> int:
         return struct.unpack("<I", self.take(4, what))[0]
@@ -116,7 +120,7 @@ class _Reader:
         return struct.unpack("<Q", self.take(8, what))[0]
 
     def left(self) -> int:
-        return len(self.data) - self.pos
+        return self.stream.left
 
 
 def parse_state(data: bytes, name: str = "state file") -> LlamaState:
