@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.llamacpp.state_file import GGML_TYPE_IDS, GGML_TYPES, LayerKV, LlamaState
+from seqkv_cli.llamacpp.layout import GGML_TYPE_IDS, GGML_TYPES
+from seqkv_cli.llamacpp.state_file import LayerKV, LlamaState
 
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # GGUF architectures whose key weights transformers un-permutes on load (its

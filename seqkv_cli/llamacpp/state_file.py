@@ -21,6 +21,12 @@ import struct
 from dataclasses import dataclass
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.llamacpp.layout import (
+    GGML_TYPES,
+    MAX_ARCH_BYTES,
+    MAX_STREAMS,
+    check_arch,
+)
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.framing import StreamReader
 
@@ -36,15 +42,7 @@ LLAMA_CPP_VERSION = "llama.cpp as vendored by llama-cpp-python 0.3.36"
 SERVER_TOKENS_VERSION = 1  # llama-server's packed token list (tools/server/server-common.cpp)
 TOKEN_NULL = -1
 
-# ggml_type ids (ggml/include/ggml.h) of the cache types seqkv reads, with element sizes.
-GGML_TYPES = {0: ("f32", 4), 1: ("f16", 2), 30: ("bf16", 2)}
-GGML_TYPE_IDS = {name: i for i, (name, _) in GGML_TYPES.items()}
 _OTHER_TYPE_NAMES = {2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl"}
-# Bounds the parser enforces, so that the writer is held to the same ones (`check_layout`).
-MAX_STREAMS = 4096
-MAX_ARCH_BYTES = 256
-TOKEN_FORMS = ("plain", "server-v1")
-INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
 @dataclass
@@ -153,7 +151,7 @@ def parse_state(data: bytes, name: str = "state file") -> LlamaState:
             arch = bytes(r.take(size, "architecture name")).decode("ascii")
         except UnicodeDecodeError:
             raise SeqkvError(f"{name}: architecture name is not ASCII") from None
-        _check_arch(arch, name)
+        check_arch(arch, name)
     state = _parse_cache(r, name, kind, tokens, form, arch)
     if r.left():
         raise SeqkvError(
@@ -161,61 +159,6 @@ def parse_state(data: bytes, name: str = "state file") -> LlamaState:
             "recurrent model's second cache?); seqkv reads one attention cache"
         )
     return state
-
-
-def _check_arch(arch: str, name: str) -> None:
-    """llama.cpp's architecture names: short ASCII letters, digits, `-` and `_`."""
-    if len(arch) > MAX_ARCH_BYTES:
-        raise SeqkvError(f"{name}: architecture name of {len(arch)} bytes (at most 256)")
-    if not (arch.isascii() and arch.replace("-", "").replace("_", "").isalnum()):
-        raise SeqkvError(f"{name}: architecture name {arch[:60]!r} is not a llama.cpp name")
-
-
-def check_layout(layout: object, name: str) -> dict:
-    """The layout fields `write_state` takes, checked against what `parse_state` accepts.
-
-    The fields come from a session's stored metadata, which any archive (or `add(meta=...)`)
-    can set: each is checked for type and range here, so a bad one is one line naming it and
-    no state file seqkv's own parser would refuse is ever written.
-    """
-    if not isinstance(layout, dict):
-        raise SeqkvError(f"{name}: the llama.cpp layout is {type(layout).__name__}, not a table")
-
-    def brief(value) -> str:  # a crafted value may be nested past repr's recursion limit
-        return f"a {type(value).__name__}" if isinstance(value, dict | list) else repr(value)[:60]
-
-    def field(key: str, allowed=None, ints: tuple[int, int] | None = None):
-        if key not in layout:
-            raise SeqkvError(f"{name}: the llama.cpp layout has no {key!r}")
-        value = layout[key]
-        if ints is not None:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise SeqkvError(f"{name}: layout {key!r} is {brief(value)}, not a whole number")
-            if not ints[0] <= value <= ints[1]:
-                raise SeqkvError(f"{name}: layout {key!r} is {value}, outside {ints[0]}..{ints[1]}")
-        elif value not in allowed:
-            shown = ", ".join(repr(a) for a in allowed)
-            raise SeqkvError(f"{name}: layout {key!r} is {brief(value)}; one of {shown}")
-        return value
-
-    out = {
-        "kind": field("kind", ("session", "sequence")),
-        "token_form": field("token_form", TOKEN_FORMS),
-        "n_stream": field("n_stream", ints=(1, MAX_STREAMS)),
-        "seq_id": field("seq_id", ints=INT32),
-        "v_trans": field("v_trans", (True, False)),
-        "k_type": field("k_type", tuple(GGML_TYPE_IDS)),
-        "v_type": field("v_type", tuple(GGML_TYPE_IDS)),
-    }
-    out["v_trans"] = bool(out["v_trans"])
-    out["stream"] = field("stream", ints=(0, out["n_stream"] - 1))
-    arch = layout.get("arch")
-    if out["kind"] == "session":
-        if not isinstance(arch, str):
-            raise SeqkvError(f"{name}: a session file needs an arch name, not {brief(arch)}")
-        _check_arch(arch, name)
-    out["arch"] = arch if out["kind"] == "session" else None
-    return out
 
 
 def _unpack_tokens(words: list[int], name: str) -> tuple[list[int], str]:
@@ -273,7 +216,7 @@ def _check_type(t: int, what: str, name: str) -> int:
 
 def _parse_cache(r: _Reader, name, kind, tokens, form, arch) -> LlamaState:
     n_stream = r.u32("stream count")
-    if not 1 <= n_stream <= 4096:
+    if not 1 <= n_stream <= MAX_STREAMS:
         raise SeqkvError(f"{name}: {n_stream} KV streams (hostile or damaged)")
     found = None
     for s in range(n_stream):

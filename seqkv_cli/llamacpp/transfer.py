@@ -26,7 +26,8 @@ from seqkv_cli.llamacpp.convert import (
     from_capture_kv,
     to_capture_kv,
 )
-from seqkv_cli.llamacpp.state_file import LlamaState, check_layout, parse_state, write_state
+from seqkv_cli.llamacpp.layout import check_layout
+from seqkv_cli.llamacpp.state_file import LlamaState, parse_state, write_state
 
 META_KEY = "llama_state"
 # ‖file K/V - recompute‖ / ‖recompute‖ above this: the state is not of this model. Measured
