@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
-from seqkv_cli.container.compact import CompactReader, is_compact
+from seqkv_cli.container.compact import is_compact
+from seqkv_cli.container.compact_reader import CompactReader
 from seqkv_cli.container.errors import (
     ContainerWriteError,
     InvalidContainerInputError,

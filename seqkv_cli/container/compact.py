@@ -20,27 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from seqkv_cli.container.errors import (
-    ContainerError,
     ContainerWriteError,
-    CorruptContainerError,
     InvalidContainerInputError,
-    MalformedContainerError,
-    SectionCorruptError,
-    SectionNotFoundError,
-    TruncatedContainerError,
-    UnsupportedVersionError,
 )
 from seqkv_cli.container.format import (
     FORMAT_MAJOR,
-    FORMAT_MINOR,
     MAGIC,
-    VarintError,
     crc32c,
-    decode_varint,
     encode_varint,
 )
-from seqkv_cli.container.index import SectionEntry
-from seqkv_cli.container.openfile import OpenFile
 from seqkv_cli.fsutil import PublishError, atomic_path, describe_os_error
 
 COMPACT_MINOR = 2  # format 1.2 added this layout
@@ -48,9 +36,11 @@ V2_MINOR = 3  # 1.3 added the portable-fx53-v2 codes: a 1.2 reader asks for an u
 V3_MINOR = 5  # 1.5 added the portable-fx53-v3 codes: a 1.4 reader asks for an upgrade
 # The minor that introduced a numeric path's codes: a file takes the newest its codes need
 # (older readers read what they can), and a file of an older minor cannot hold them.
-_PATH_MINOR = {"portable-fx53-v2": V2_MINOR, "portable-fx53-v3": V3_MINOR}
+PATH_MINOR = {"portable-fx53-v2": V2_MINOR, "portable-fx53-v3": V3_MINOR}
 LAYOUT_COMPACT = 1  # byte 12: 0 would be the full layout's reserved (zero) word
-_FIXED = struct.Struct("<8sHHBB8sB")  # magic, major, minor, layout, pipeline, fingerprint, kinds
+FIXED_HEADER = struct.Struct(
+    "<8sHHBB8sB"
+)  # magic, major, minor, layout, pipeline, fingerprint, kinds
 FINGERPRINT_HEX = 16  # the first 8 bytes of the model's SHA-256 fingerprint
 
 # Enumerations (docs/FORMAT.md): a value's position is its code. Appending is a minor change.
@@ -75,7 +65,7 @@ PRECISION_BITS, CHUNK_SIZE = 24, 1024  # the only pipeline parameters this layou
 
 TOKENS_SECTION = "t1/tokens"  # how the one payload is named to readers of the trie layout
 MAX_ID_BYTES = 1024
-MAX_HEADER_BYTES = _FIXED.size + 6 * 10 + 4 + MAX_ID_BYTES + 4  # varints of at most 10 bytes
+MAX_HEADER_BYTES = FIXED_HEADER.size + 6 * 10 + 4 + MAX_ID_BYTES + 4  # varints of at most 10 bytes
 # Bounds on the shape fields: far past any model in use, small enough that nothing built
 # from them can be large before the model itself is checked against them.
 MAX_SHAPE = 0xFFFF  # as the full layout's session entries (skv/session_entries.py)
@@ -127,12 +117,12 @@ def unrepresentable(config: dict, numeric_path: str, dtype: str, session_id: str
             return f"its {what} {value!r} has no compact code"
     if (config["precision_bits"], config["chunk_size"]) != (PRECISION_BITS, CHUNK_SIZE):
         return "its precision or chunk size is not the default"
-    if _id_problem(session_id):
-        return f"its session id is {_id_problem(session_id)}"
+    if id_problem(session_id):
+        return f"its session id is {id_problem(session_id)}"
     return None
 
 
-def _id_problem(session_id: Any) -> str | None:
+def id_problem(session_id: Any) -> str | None:
     if not isinstance(session_id, str) or not session_id:
         return "empty"
     try:
@@ -159,9 +149,9 @@ def encode_compact(session: CompactSession, payload: bytes) -> bytes:
         | NUMERICS.index(session.numerics) << 2
     )
     kinds = DTYPES.index(session.dtype) | CAPTURE_PATHS.index(session.numeric_path) << 4
-    minor = max(_minor_of(session.numerics), _minor_of(session.numeric_path))
+    minor = max(minor_of(session.numerics), minor_of(session.numeric_path))
     head = bytearray(
-        _FIXED.pack(
+        FIXED_HEADER.pack(
             MAGIC,
             FORMAT_MAJOR,
             minor,
@@ -204,175 +194,5 @@ def is_compact(head: bytes) -> bool:
     )
 
 
-class _Fields:
-    """Bounded parsing of the header bytes; running past them means the file is truncated."""
-
-    def __init__(self, path: str, data: bytes, pos: int) -> None:
-        self.path, self.data, self.pos = path, data, pos
-
-    def truncated(self) -> ContainerError:
-        return TruncatedContainerError(self.path, "the file ends inside its compact header")
-
-    def varint(self) -> int:
-        try:
-            value, self.pos = decode_varint(self.data, self.pos, 10)
-        except VarintError as error:
-            if error.truncated:
-                raise self.truncated() from None
-            raise MalformedContainerError(
-                self.path, "a number in the compact header is too long"
-            ) from None
-        return value
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise self.truncated()
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-
-class CompactReader(OpenFile):
-    """A validated compact file, read through the same surface as ContainerReader.
-
-    It presents itself as a one-segment trie archive whose tables are `compact` (a
-    CompactSession) and whose one section is the token payload, `t1/tokens`.
-    """
-
-    generation = 1
-    damaged_slots: tuple[int, ...] = ()
-    uncommitted_bytes = 0
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path)
-        try:
-            self._parse(self._file.read(MAX_HEADER_BYTES))
-        except BaseException:
-            self._file.close()
-            raise
-
-    def _parse(self, head: bytes) -> None:
-        if len(head) < _FIXED.size:
-            raise TruncatedContainerError(self.path, "the file ends inside its compact header")
-        _, major, minor, _, pipeline, fingerprint, kinds = _FIXED.unpack_from(head)
-        self.version = (major, minor)
-        if minor > FORMAT_MINOR:  # a newer minor may add fields this parser does not know
-            raise UnsupportedVersionError(
-                self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
-            )
-        fields = _Fields(self.path, head, _FIXED.size)
-        layers, heads, head_dim, positions = (fields.varint() for _ in range(4))
-        ppl, check = struct.unpack("<HH", fields.take(4))
-        name = fields.take(fields.varint())
-        length = fields.varint()
-        end = fields.pos
-        stored = int.from_bytes(fields.take(4), "little")
-        if crc32c(head[:end]) != stored:
-            raise CorruptContainerError(self.path, "the compact header's checksum does not match")
-        self.header_bytes = end + 4
-        if self.size < self.header_bytes + length + 4:
-            raise TruncatedContainerError(
-                self.path,
-                f"truncated: {self.size} bytes, but the header promises "
-                f"{self.header_bytes + length + 4}; copy the file again",
-            )
-        if self.size > self.header_bytes + length + 4:
-            raise MalformedContainerError(
-                self.path, f"{self.size - self.header_bytes - length - 4} bytes after its end"
-            )
-        bad = _bad_codes(pipeline, kinds, minor)
-        if bad:
-            raise MalformedContainerError(self.path, f"invalid compact header: {bad}")
-        try:
-            session_id = name.decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedContainerError(self.path, "its session id is not UTF-8") from None
-        problem = _id_problem(session_id)
-        if problem:
-            raise MalformedContainerError(self.path, f"its session id is {problem}")
-        if not (
-            1 <= layers <= MAX_SHAPE and 1 <= heads <= MAX_SHAPE and 1 <= head_dim <= MAX_SHAPE
-        ):
-            raise MalformedContainerError(
-                self.path, f"impossible shape ({layers} layers, {heads} heads, dim {head_dim})"
-            )
-        if not 1 <= positions < MAX_POSITIONS:
-            raise MalformedContainerError(self.path, f"impossible length ({positions} positions)")
-        self.compact = CompactSession(
-            codec=CODECS[pipeline & 1],
-            residual=RESIDUALS[pipeline >> 1 & 1],
-            numerics=NUMERICS[pipeline >> 2 & 3],
-            fingerprint=fingerprint.hex(),
-            session_id=session_id,
-            positions=positions,
-            dtype=DTYPES[kinds & 0xF],
-            numeric_path=CAPTURE_PATHS[kinds >> 4],
-            num_layers=layers,
-            num_kv_heads=heads,
-            head_dim=head_dim,
-            log2_ppl_milli=ppl,
-            token_check=check,
-        )
-        self._payload_crc: int | None = None
-        self._entry = SectionEntry(TOKENS_SECTION, self.header_bytes, length, 0)
-
-    @property
-    def header(self) -> dict[str, Any]:
-        """The header a full trie archive of this session would have (no capture metadata)."""
-        return {
-            "pipeline": [self.compact.pipeline_config()],
-            "model": {"fingerprint": self.compact.fingerprint},
-            "sessions": [],
-            "meta": {},
-            "trie": {"version": 1},
-        }
-
-    @property
-    def index_bytes(self) -> int:
-        """Framing bytes: the header with its CRC32C and the payload's CRC32C."""
-        return self.header_bytes + 4
-
-    @property
-    def sections(self) -> list[SectionEntry]:
-        entry = self._entry
-        return [SectionEntry(entry.name, entry.offset, entry.length, self._crc())]
-
-    def _crc(self) -> int:
-        if self._payload_crc is None:
-            self._payload_crc = int.from_bytes(
-                self._read_at(self._entry.offset + self._entry.length, 4), "little"
-            )
-        return self._payload_crc
-
-    def read_section(self, name: str) -> bytes:
-        if name != TOKENS_SECTION:
-            raise SectionNotFoundError(
-                self.path, f"no section named {name!r} (a compact file has only {TOKENS_SECTION})"
-            )
-        data = self._read_at(self._entry.offset, self._entry.length)
-        if crc32c(data) != self._crc():
-            raise SectionCorruptError(
-                self.path, name, "the token payload is corrupt (checksum mismatch)"
-            )
-        return data
-
-    def verify(self) -> None:
-        self.read_section(TOKENS_SECTION)
-
-
-def _minor_of(path: str) -> int:
-    return _PATH_MINOR.get(path, COMPACT_MINOR)
-
-
-def _bad_codes(pipeline: int, kinds: int, minor: int) -> str | None:
-    if pipeline >> 4 or (pipeline >> 2 & 3) >= len(NUMERICS):
-        return f"unknown pipeline bits 0x{pipeline:02x}"
-    if (kinds & 0xF) >= len(DTYPES):
-        return f"unknown dtype code {kinds & 0xF}"
-    if kinds >> 4 >= len(CAPTURE_PATHS):
-        return f"unknown capture numeric path code {kinds >> 4}"
-    for path in (NUMERICS[pipeline >> 2 & 3], CAPTURE_PATHS[kinds >> 4]):
-        since = _minor_of(path)
-        if minor < since:
-            return f"numeric path {path} in a format 1.{minor} file (its codes came in 1.{since})"
-    return None
+def minor_of(path: str) -> int:
+    return PATH_MINOR.get(path, COMPACT_MINOR)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from seqkv_cli.container.compact import COMPACT_MINOR, CompactReader, is_compact
+from seqkv_cli.container.compact import COMPACT_MINOR, is_compact
+from seqkv_cli.container.compact_reader import CompactReader
 from seqkv_cli.container.errors import (
     CorruptContainerError,
     HeaderTooLargeError,

@@ -131,7 +131,8 @@ def _compact_archive(tmp_path, lm, model_dir) -> Path:
 def test_a_compact_header_contradicting_its_tensors_is_refused(
     field, tmp_path, tiny_lm, tiny_model_dir
 ):
-    from seqkv_cli.container.compact import TOKENS_SECTION, CompactReader, encode_compact
+    from seqkv_cli.container.compact import TOKENS_SECTION, encode_compact
+    from seqkv_cli.container.compact_reader import CompactReader
 
     path = _compact_archive(tmp_path, tiny_lm, tiny_model_dir)
     reader = CompactReader(path)

@@ -18,11 +18,11 @@ from seqkv_cli.container import (
 )
 from seqkv_cli.container.compact import (
     TOKENS_SECTION,
-    CompactReader,
     CompactSession,
     encode_compact,
     write_compact,
 )
+from seqkv_cli.container.compact_reader import CompactReader
 from seqkv_cli.container.format import FORMAT_MINOR, crc32c
 from seqkv_cli.container.reader import ContainerReader
 

@@ -7,7 +7,7 @@ import pytest
 
 from archive.test_archive import PREFIX, _add_process, assert_exact, invoke
 from seqkv_cli.container import open_container
-from seqkv_cli.container.compact import CompactReader
+from seqkv_cli.container.compact_reader import CompactReader
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.skv.compress import compress_captures
