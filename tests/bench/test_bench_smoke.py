@@ -28,6 +28,7 @@ BENCHES = [
     "foreign_residual",
     "gpu_check",
     "llama_state",
+    "manifest_listing",
     "native_speed",
     "one_session",
     "parallel",
@@ -102,6 +103,11 @@ def test_entropy(tmp_path):
     out = run_bench("bench_entropy", ["--size-mb", "0.01", "--repeat", "1"], tmp_path)
     assert {r["method"] for r in out["results"]} >= {"rans-numpy", "zstd-3"}
     assert all(r["encode_MBps"] > 0 and r["ratio"] > 0 for r in out["results"])
+
+
+def test_manifest_listing(tmp_path):
+    out = run_bench("manifest_listing", ["--sessions", "3000", "--rich-sample", "50"], tmp_path)
+    assert out["sessions"] == 3000 and 0 < out["us_per_row"] < out["rich_us_per_row"]
 
 
 def test_codecs_on_given_captures(model, tmp_path):
