@@ -243,7 +243,7 @@ def export_layout(stored, arch: str, where: str, kind=None, flash_attn=None, cac
     options applied, every field checked as the parser would check the file (`check_layout`).
     `stored` is the session's metadata, which any archive or `add(meta=...)` can set."""
     if stored is None:
-        layout = _default_layout()
+        layout = default_layout()
     elif isinstance(stored, dict):
         layout = dict(stored)
     else:
@@ -273,7 +273,7 @@ def _layout_meta(state: LlamaState, data: bytes) -> dict:
     return layout
 
 
-def _default_layout() -> dict:
+def default_layout() -> dict:
     """What llama.cpp's defaults load: a sequence file (llama-server's slot format), f16
     cache, flash attention on (llama.cpp's `-fa auto` on CPU), one stream, sequence 0."""
     return {

@@ -15,17 +15,9 @@ import pytest
 
 from cli_run import assert_error, invoke
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.llamacpp.transfer import default_layout
 
-GOOD_LAYOUT = {
-    "kind": "sequence",
-    "token_form": "plain",
-    "n_stream": 1,
-    "stream": 0,
-    "seq_id": 0,
-    "v_trans": False,
-    "k_type": "f16",
-    "v_type": "f16",
-}
+GOOD_LAYOUT = default_layout()  # llama.cpp's defaults: a sequence file, f16, one stream
 # (stored llama.cpp layout, what the one error line must name)
 HOSTILE_LAYOUTS = [
     ({}, "has no 'kind'"),

@@ -216,9 +216,9 @@ def test_stored_llama_layout_fuzz():
     one line or writes a file that parses back to that very layout."""
     from seqkv_cli.llamacpp.convert import from_capture_kv
     from seqkv_cli.llamacpp.state_file import parse_state, write_state
-    from seqkv_cli.llamacpp.transfer import _default_layout, export_layout
+    from seqkv_cli.llamacpp.transfer import default_layout, export_layout
 
-    base = {**_default_layout(), "sha256": "00" * 32, "file_bytes": 100}
+    base = {**default_layout(), "sha256": "00" * 32, "file_bytes": 100}
     gen = torch.Generator().manual_seed(0)
     keys = [torch.randn(2, 3, 4, generator=gen) for _ in range(2)]
     values = [torch.randn(2, 3, 4, generator=gen) for _ in range(2)]
