@@ -24,6 +24,7 @@ import signal
 import struct
 import traceback
 import tracemalloc
+import zlib
 from dataclasses import replace
 
 import pyarrow as pa
@@ -63,7 +64,7 @@ def run_fuzz(name: str, mutations: int, make_input, check) -> None:
     """Feed `mutations` inputs from `make_input(rng)` -> (label, input, size) to `check`,
     which raises SeqkvError to refuse, returns on acceptance (after checking the result),
     and raises AssertionError for a wrong output."""
-    rng = random.Random(hash(name) & 0xFFFF)
+    rng = random.Random(zlib.crc32(name.encode()))  # str hash() differs per process
     failures, outcomes = [], {"refused": 0, "accepted": 0}
     old = signal.signal(signal.SIGALRM, _alarm)
     try:
@@ -193,7 +194,7 @@ def _mutate_json(rng, value, depth=0):
     """A copy of `value` with one field replaced, removed or added somewhere inside it."""
     value = copy.deepcopy(value)
     if isinstance(value, dict) and value and rng.random() < 0.8:
-        key = rng.choice(sorted(value))
+        key = rng.choice(sorted(value, key=str))  # keys may be int and str
         what = rng.randrange(4)
         if what == 0:
             del value[key]
@@ -306,7 +307,10 @@ def _mutate_table(rng, table: pa.Table) -> tuple[str, pa.Table]:
     elif what == 4:
         return f"{name} dropped", table.drop_columns([name])
     else:  # the schema metadata's JSON
-        meta = json.loads(table.schema.metadata[b"seqkv_manifest"])
+        try:  # an earlier mutation may have left it unreadable
+            meta = json.loads(table.schema.metadata[b"seqkv_manifest"])
+        except (ValueError, RecursionError):
+            meta = {}
         meta = _mutate_json(rng, meta)
         try:
             raw = json.dumps(meta)
