@@ -3,19 +3,16 @@
 Appends leave one segment (and one index record) per `add`; compact folds them into one,
 inserting shorter sessions first so a session that is a prefix of another ends where its own
 node ends. It also converts flat (per-session) archives. The archive is locked meanwhile and
-replaced atomically, only after the new file restores every session bit for bit.
+replaced atomically, only after the new file restores every session bit for bit. Through a
+symlink, the file it names is compacted (the link stays a link).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import host_tag, pid_alive
+from seqkv_cli.fsutil import discard_quietly, staging_dir, write_target
 
 
 def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
@@ -26,7 +23,7 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
     from seqkv_cli.skv.decompress import decompress
     from seqkv_cli.skv.restore import Archive
 
-    path = Path(path)
+    path = write_target(path)
     if not path.is_file():
         raise SeqkvError(f"no such archive: {path}")
     with locked_for_append(path, on_wait):
@@ -45,14 +42,21 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
         lm = None
         if needs_model:
             lm = model if isinstance(model, LoadedModel) else load_model(model)
-        clean_stale_scratch(path)
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=_scratch_prefix(path)) as tmp:
-            ordered = decompress(path, Path(tmp), model=lm, numbered=True)
+        # the full captures, in a staging folder of this run (a compact killed with SIGKILL
+        # cannot remove it; the next writer in this folder does)
+        try:
+            scratch = staging_dir(path)
+        except OSError as exc:
+            raise SeqkvError(f"cannot write beside {path}: {exc.strerror or exc}") from None
+        try:
+            ordered = decompress(path, scratch, model=lm, numbered=True)
             if len(ordered) != len(ids):
                 raise SeqkvError(f"{path}: not every session restored; archive left as it was")
             return compress_captures(
                 ordered, path, codec=spec, model=lm, check=True, near_dup=near_dup
             )
+        finally:
+            discard_quietly(scratch)
 
 
 def refuse_lossy(path: Path, codec) -> None:
@@ -63,18 +67,3 @@ def refuse_lossy(path: Path, codec) -> None:
             f"{path} uses the lossy codec {codec.codec_id}; compact would quantize its "
             "sessions a second time: compress the original captures again instead"
         )
-
-
-# Scratch folders `.{archive}.compact.{host}-{pid}-XXXX` hold full captures; a compact
-# killed with SIGKILL cannot remove its own, so the next one removes those of dead writers.
-def _scratch_prefix(path: Path) -> str:
-    return f".{path.name}.compact.{host_tag()}-{os.getpid()}-"
-
-
-def clean_stale_scratch(path: Path) -> None:
-    prefix = f".{path.name}.compact.{host_tag()}-"
-    with contextlib.suppress(OSError):
-        for entry in path.absolute().parent.iterdir():
-            pid = entry.name[len(prefix) :].split("-", 1)[0]
-            if entry.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(entry, ignore_errors=True)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import signal
 import sys
+import threading
 
 import typer
 from rich.console import Console
@@ -29,26 +32,60 @@ console = Console(width=_width(sys.stdout))
 err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command was, so that it unwinds as from Ctrl-C: every
+    writer's cleanup runs (staging files deleted, locks released) before the exit."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def terminate_like_interrupt():
+    """SIGTERM handled as SIGINT is, while a command runs: without this its default action
+    ends the process at once and leaves what the command staged (issue 37). Only the main
+    thread may set a handler; the previous one is put back (tests run many commands)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def handle_errors(func):
-    """Turn library errors into one line on stderr and a non-zero exit, never a traceback."""
+    """Turn library errors into one line on stderr and a non-zero exit, never a traceback:
+    SeqkvError (exit 2 or its own), an OS refusal nothing below named (a full disk, a quota,
+    a read-only mount: exit 2), Ctrl-C ("interrupted", 130) and SIGTERM ("terminated", 143),
+    both after the command's own cleanup ran."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         quiet_libraries()
         try:
-            if "threads" in kwargs:  # every model-running command takes --threads and --device
-                from seqkv_cli.runtime.threads import use_threads
+            with terminate_like_interrupt():
+                if "threads" in kwargs:  # every model-running command takes --threads, --device
+                    from seqkv_cli.runtime.threads import use_threads
 
-                use_threads(kwargs["threads"])
-            if "device" not in kwargs:
-                return func(*args, **kwargs)
-            from seqkv_cli.runtime.devices import using
+                    use_threads(kwargs["threads"])
+                if "device" not in kwargs:
+                    return func(*args, **kwargs)
+                from seqkv_cli.runtime.devices import using
 
-            with using(kwargs["device"]):  # for this command only (tests run many in-process)
-                return func(*args, **kwargs)
+                with using(kwargs["device"]):  # for this command only (tests run many in-process)
+                    return func(*args, **kwargs)
         except (SeqkvError, CodecError) as exc:
             err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+        except OSError as exc:
+            err_console.print(f"[bold red]error:[/] {shown(os_error_line(exc))}", highlight=False)
+            raise typer.Exit(2) from None
+        except Terminated:
+            err_console.print("terminated")
+            raise typer.Exit(143) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None
@@ -60,6 +97,14 @@ def handle_errors(func):
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OSError that reached the command unnamed, as one line: the file, then why."""
+    from seqkv_cli.fsutil import describe_os_error
+
+    reason = describe_os_error(exc)
+    return f"{exc.filename}: {reason}" if exc.filename is not None else reason
 
 
 def quiet_libraries() -> None:

@@ -31,7 +31,7 @@ from seqkv_cli.container.format import (
 from seqkv_cli.container.index import IndexRecord, Region
 from seqkv_cli.container.reader import ContainerReader
 from seqkv_cli.container.writer import Buffer, SectionSink, WriteResult, write_container
-from seqkv_cli.fsutil import describe_os_error
+from seqkv_cli.fsutil import checkpoint, describe_os_error
 
 # Appends are serialised with flock. Windows has no fcntl module: there, `archive add` and
 # `archive compact` refuse with one line (ContainerWriteError) rather than append unlocked,
@@ -125,7 +125,11 @@ def locked_for_append(path: str | os.PathLike[str], on_wait=None) -> Iterator[Ap
     except OSError as error:
         raise ContainerWriteError(path, f"cannot append: {describe_os_error(error)}") from error
     finally:
-        file.close()
+        # a commit flushed and fsynced what it wrote; what a failed write left in the buffer
+        # lies past the committed end, and a full disk refusing it again here must not hide
+        # the error that led here
+        with contextlib.suppress(OSError):
+            file.close()
 
 
 def _open_locked(path: str, on_wait) -> BinaryIO:
@@ -166,6 +170,7 @@ def _append(
 ) -> WriteResult:
     """Write segment and index past the committed end, fsync, then flip the spare slot."""
     slot = current.slot
+    checkpoint("truncate", current.path)
     file.truncate(slot.committed_end)  # drop what an interrupted append may have left
     try:
         sink = SectionSink(
@@ -178,18 +183,23 @@ def _append(
         old = current.header
         merged = dict(old, sessions=[*old["sessions"], *sessions])
         raw = sink.encode_record(record, merged, strict=False, tables=current.tables)
+        checkpoint("write", current.path)
         file.seek(sink.offset)
         file.write(raw)
+        checkpoint("flush", current.path)
         file.flush()
+        checkpoint("fsync", current.path)
         os.fsync(file.fileno())
     except BaseException:
         with contextlib.suppress(OSError):
             file.truncate(slot.committed_end)
         raise
     new = Slot(1 - slot.number, record.generation, sink.offset, len(raw), crc32c(raw))
+    checkpoint("commit", current.path)
     file.seek(SLOT_OFFSETS[new.number])
     file.write(encode_slot(current.preamble, new))  # the commit point
     file.flush()
+    checkpoint("fsync", current.path)
     os.fsync(file.fileno())
     section_bytes = sum(entry.length for entry in sink.entries)
     return WriteResult(current.path, new.generation, new.committed_end, section_bytes, len(raw))

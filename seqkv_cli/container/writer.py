@@ -32,8 +32,9 @@ from seqkv_cli.container.index import IndexRecord, SectionEntry, encode_record
 from seqkv_cli.container.schema import SchemaViolation, check_header, check_section_name
 from seqkv_cli.fsutil import (
     PublishError,
-    clean_stale_temporaries,
+    checkpoint,
     describe_os_error,
+    discard_quietly,
     publish,
     staging_name,
 )
@@ -79,6 +80,7 @@ class SectionSink:
             raise InvalidContainerInputError(
                 self.path, f"section {name!r} must be contiguous bytes, not {type(data).__name__}"
             ) from None
+        checkpoint("write", self.path)
         self.file.seek(self.offset)
         self.file.write(view)
         entry = SectionEntry(
@@ -114,9 +116,8 @@ class ContainerWriter:
     def __init__(self, path: str | os.PathLike[str], tables: bool = True) -> None:
         self.path = os.fspath(path)
         self.tables = tables
-        clean_stale_temporaries(self.path, (".tmp",))  # of writers killed mid-write
-        self._tmp = os.fspath(staging_name(Path(self.path)))
-        try:
+        try:  # the staging name removes what writers killed mid-write left beside it
+            self._tmp = os.fspath(staging_name(Path(self.path)))
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as error:
             raise ContainerWriteError(
@@ -139,12 +140,15 @@ class ContainerWriter:
             record = IndexRecord(1, None, header, [], tuple(self._sink.entries))
             raw = self._sink.encode_record(record, header, strict=True, tables=self.tables)
             offset = self._sink.offset
+            checkpoint("write", self._tmp)
             file.seek(offset)
             file.write(raw)
             file.seek(0)
             slot = Slot(0, 1, offset, len(raw), crc32c(raw))
             file.write(encode_superblock(slot, self.tables))
+            checkpoint("flush", self._tmp)
             file.flush()
+            checkpoint("close", self._tmp)
             file.close()
             self._file = None
             try:
@@ -155,12 +159,15 @@ class ContainerWriter:
         return WriteResult(self.path, 1, offset + len(raw), section_bytes, len(raw))
 
     def abort(self) -> None:
-        """Close and delete the temporary file; safe to call more than once."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._tmp)
+        """Close and delete the temporary file; safe to call more than once, and it never
+        raises: on a full disk the close fails again (flushing what is buffered), and that
+        must not replace the error that led here with a traceback."""
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):  # a failed flush still closes the descriptor
+                checkpoint("close", self._tmp)
+                file.close()
+        discard_quietly(Path(self._tmp))
 
     def _live_file(self) -> BinaryIO:
         if self._file is None:

@@ -61,10 +61,23 @@ class Capture:
 
 def save_capture(capture: Capture, path: Path) -> int:
     """Write atomically (temp file + rename); return the bytes written."""
+    try:
+        # safetensors stages `.tmpXXXXXX` beside the file it writes: in a folder of this run
+        # (`own_dir`), a writer killed meanwhile leaves nothing the next one cannot remove
+        with atomic_path(Path(path), own_dir=True) as tmp:  # umask-respecting, renamed in place
+            write_capture(capture, tmp, Path(path))
+        return Path(path).stat().st_size
+    except OSError as exc:  # disk full, read-only: one line, nothing left behind
+        raise SeqkvError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_capture(capture: Capture, path: Path, target: Path) -> None:
+    """Write the capture file at `path` as it is (not atomically): for a caller that staged
+    `path` in a `fsutil.staging_dir` and publishes it as `target` (named in messages)."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    check_capture(capture, f"{path}: not written")
+    check_capture(capture, f"{target}: not written")
     tensors = {
         "tokens": capture.tokens.to(torch.int64).contiguous(),
         "surprisal": capture.surprisal.to(torch.float64).contiguous(),
@@ -75,11 +88,10 @@ def save_capture(capture: Capture, path: Path) -> int:
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in capture.meta.items()}
     meta.update(format=CAPTURE_FORMAT, format_version=str(CAPTURE_VERSION))  # never the caller's
     try:
-        with atomic_path(Path(path)) as tmp:  # umask-respecting mode, renamed into place
-            save_file(tensors, tmp, metadata=meta)
-        return Path(path).stat().st_size
-    except (OSError, SafetensorError) as exc:  # disk full, read-only: one line, no leftovers
-        raise SeqkvError(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        save_file(tensors, path, metadata=meta)
+    except (OSError, SafetensorError) as exc:  # disk full, read-only: one line
+        why = getattr(exc, "strerror", None) or exc
+        raise SeqkvError(f"cannot write {target}: {why}") from None
 
 
 _JSON_META = {"num_layers", "num_kv_heads", "head_dim", "positions", "versions", "truncated"}

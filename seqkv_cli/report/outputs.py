@@ -8,7 +8,7 @@ from pathlib import Path
 
 from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import discard_quietly, publish, staging_name
+from seqkv_cli.fsutil import checkpoint, discard_quietly, publish, staging_name
 from seqkv_cli.report.aggregate import by_codec
 from seqkv_cli.report.collect import Report
 from seqkv_cli.report.gate import Failure, Thresholds
@@ -30,9 +30,10 @@ class OutputSet:
         self._pending: list[tuple[Path, Path]] = []
 
     def write(self, path: Path, write: Callable[[Path], None]) -> None:
-        tmp = staging_name(path)
-        self._pending.append((tmp, path))
         try:
+            tmp = staging_name(path)
+            self._pending.append((tmp, path))
+            checkpoint("write", tmp)
             write(tmp)
         except OSError as exc:
             raise SeqkvError(f"cannot write {path}: {exc.strerror or exc}") from None
@@ -41,11 +42,15 @@ class OutputSet:
         return self
 
     def __exit__(self, exc_type, *_) -> None:
-        for tmp, path in self._pending:
-            if exc_type is None:
+        try:
+            while self._pending and exc_type is None:
+                tmp, path = self._pending[0]
                 publish(tmp, path)
-            else:
+                self._pending.pop(0)
+        finally:  # a failure (or a publish that failed) leaves none of the rest staged
+            for tmp, _path in self._pending:
                 discard_quietly(tmp)
+            self._pending.clear()
 
 
 def document(report: Report, limits: Thresholds, failures: list[Failure]) -> dict:

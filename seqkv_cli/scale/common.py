@@ -127,10 +127,11 @@ class ContextFilter:
         )
 
 
-def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> None:
-    """`root` is created, or is a directory this pipeline wrote for the same model."""
+def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> list[Path]:
+    """`root` is created, or is a directory this pipeline wrote for the same model: the
+    directories this call created (a run that fails removes them if they stayed empty)."""
     from seqkv_cli.archive.manifest import manifest_file, read_manifest
-    from seqkv_cli.fsutil import ensure_writable_dir
+    from seqkv_cli.fsutil import make_output_dir
     from seqkv_cli.skv.identity import fingerprint_matches
 
     root = Path(root)
@@ -141,7 +142,7 @@ def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> None:
     for path in inputs:
         if Path(path).resolve() == root.resolve():
             raise SeqkvError(f"{root} is one of the inputs")
-    ensure_writable_dir(root)
+    created = make_output_dir(root)
     if manifest_file(root) is not None:
         old = read_manifest(root, check_shards=False)
         have = str(old.model.get("fingerprint", "?"))
@@ -150,6 +151,7 @@ def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> None:
                 f"{root} holds shards of another model ({old.model.get('name', '?')}, "
                 f"fingerprint {have[:16]}); write to another directory"
             )
+    return created
 
 
 def finish(root: Path, rows: list[dict], lm, plan_names: set[str], meta: dict):
@@ -160,10 +162,9 @@ def finish(root: Path, rows: list[dict], lm, plan_names: set[str], meta: dict):
 
     model = {"name": lm.name, "fingerprint": lm.fingerprint}
     manifest = write_manifest(root, rows, model, {"writer": writer_version(), **meta})
-    from seqkv_cli.fsutil import clean_stale_temporaries
+    from seqkv_cli.fsutil import clean_stale
 
-    for name in plan_names:  # temporaries of writers that died (a killed run, a lost actor)
-        clean_stale_temporaries(Path(root) / name, (".tmp", ".staging"))
+    clean_stale(Path(root))  # what writers that died staged (a killed run, a lost actor)
     removed = []
     for stale in sorted(Path(root).glob("shard-*.skv")):
         if stale.name not in plan_names:

@@ -55,8 +55,8 @@ def compress_dataset(
     Without `ray_address` the shards are built one after another in this process (the whole
     tokenized input is held in memory: 4 bytes a token); with it, on Ray Data (ray_data.py):
     "local" starts a cluster on this machine, "auto" joins a running one, or an address."""
+    from seqkv_cli.fsutil import remove_created_dirs
     from seqkv_cli.kvcapture.rows import check_ids
-    from seqkv_cli.scale.plan import plan_shards
 
     options = options or DatasetOptions()
     if options.prefix_tokens < 1:
@@ -74,7 +74,37 @@ def compress_dataset(
 
         backend = RayShards(model, ray_address, workers, cpus_per_worker, gpus_per_worker)
     lm = backend.load_model()
-    prepare_output(root, paths, lm.fingerprint)
+    created = prepare_output(root, paths, lm.fingerprint)
+    try:
+        rows, skipped, fits = _run(backend, paths, root, options, started, lm, on_progress)
+        names = {r["shard"] for r in rows}  # the shards written (a split key's may be fewer)
+        meta = {
+            "prefix_tokens": options.prefix_tokens,
+            "too_long_skipped": fits.skipped,
+        }
+        manifest, removed, file_bytes = finish(root, rows, lm, names, meta)
+    except BaseException:
+        remove_created_dirs(created)  # only if nothing was published in them
+        raise
+    return DatasetResult(
+        root,
+        manifest,
+        len(rows),
+        sum(r["tokens"] for r in rows),
+        file_bytes,
+        len(names),
+        skipped,
+        fits.skipped,
+        removed,
+        time.monotonic() - started,
+    )
+
+
+def _run(backend, paths, root: Path, options: DatasetOptions, started, lm, on_progress):
+    """Tokenize, plan and build every shard: the manifest rows, the shards skipped as
+    complete, and the context filter (what it skipped)."""
+    from seqkv_cli.scale.plan import plan_shards
+
     fits = ContextFilter(lm.max_context, options.strict)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> sessions, tokens
 
@@ -96,21 +126,7 @@ def compress_dataset(
         )
         progress = Progress(started=started)
         rows, skipped = backend.build(root, plan, options.shard_options(), progress, on_progress)
-    names = {r["shard"] for r in rows}  # the shards written (a split key's may be fewer)
-    meta = {"prefix_tokens": options.prefix_tokens, "too_long_skipped": fits.skipped}
-    manifest, removed, file_bytes = finish(root, rows, lm, names, meta)
-    return DatasetResult(
-        root,
-        manifest,
-        len(rows),
-        sum(r["tokens"] for r in rows),
-        file_bytes,
-        len(names),
-        skipped,
-        fits.skipped,
-        removed,
-        time.monotonic() - started,
-    )
+    return rows, skipped, fits
 
 
 class SerialShards:

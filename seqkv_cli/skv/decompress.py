@@ -1,9 +1,11 @@
 """`decompress`: sessions of a container written back as capture files, all or nothing.
 
-Every session is first written to a temporary file of this run in the output directory;
+Every session is first written into a staging folder of this run in the output directory
+(`fsutil.staging_dir`: safetensors stages a temporary of its own beside what it writes);
 only when all of them restored are they renamed to their real names. A run that fails
-deletes its own temporaries (never a file that was there before, even one it would have
-replaced) and the directories it created, so the output directory is as it was.
+deletes its own staging (never a file that was there before, even one it would have
+replaced) and the directories it created, so the output directory is as it was; what a run
+killed with SIGKILL staged, the next writer in that folder removes.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def decompress(
         written = _publish(staged, targets, entries, on_session)
     except BaseException:
         for tmp in staged.values():  # only what this run wrote
-            discard_quietly(tmp)
+            discard_quietly(tmp.parent)
         remove_created_dirs(created)
         raise
     return written
@@ -73,27 +75,32 @@ def output_targets(out_dir: Path, session_ids: list[str], archive: Path) -> dict
 
 
 def _stage(restored, target: Path) -> Path:
-    """Save `restored` under a temporary name of this run beside `target`."""
-    from seqkv_cli.fsutil import discard_quietly, staging_name
-    from seqkv_cli.kvcapture.capture_file import save_capture
+    """Save `restored` in a staging folder of this run beside `target`: the staged file."""
+    from seqkv_cli.fsutil import discard_quietly, staging_dir
+    from seqkv_cli.kvcapture.capture_file import write_capture
 
-    tmp = staging_name(target, ".partial")
     try:
-        save_capture(restored, tmp)
+        folder = staging_dir(target)
+    except OSError as exc:
+        raise SeqkvError(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        write_capture(restored, folder / target.name, target)
     except BaseException:
-        discard_quietly(tmp)
+        discard_quietly(folder)
         raise
-    return tmp
+    return folder / target.name
 
 
 def _publish(staged: dict[str, Path], targets: dict[str, Path], entries, on_session):
     """Rename every staged file to its real name, in the order the sessions were asked."""
-    from seqkv_cli.fsutil import publish
+    from seqkv_cli.fsutil import discard_quietly, publish
 
     written = []
     for entry in entries:
-        tmp, target = staged.pop(entry["id"]), targets[entry["id"]]
+        tmp, target = staged[entry["id"]], targets[entry["id"]]
         publish(tmp, target)
+        discard_quietly(tmp.parent)
+        del staged[entry["id"]]
         written.append(target)
         if on_session:
             on_session(entry, target)

@@ -87,7 +87,6 @@ def write_new(
     """
     from seqkv_cli.container import ContainerWriter
 
-    clean_stale_staging(out)
     if layout in ("auto", "compact"):
         from seqkv_cli.container.compact import write_compact
         from seqkv_cli.trie.compact import compact_form
@@ -120,9 +119,10 @@ def refuse_out_of_vocab(sources: list[Source], vocab: int) -> None:
             )
 
 
-# Staging files: `.{out}.{host}-{pid}-{random}.staging`. The name is unique to one run, so
-# two compresses to the same output never delete or publish each other's file, and it names
-# its writer, so a later run deletes the ones whose writer died (SIGKILL leaves them behind).
+# Staging files: `.{out}.{host}-{pid}-{random}.staging` (fsutil.staging_name). The name is
+# unique to one run, so two compresses to the same output never delete or publish each
+# other's file, and it names its writer, so a later run deletes the ones whose writer died
+# (SIGKILL leaves them behind).
 _STAGED: dict[tuple[str, int], Path] = {}
 _SUFFIX = ".staging"
 
@@ -152,11 +152,3 @@ def discard(out: Path) -> None:
     tmp = _STAGED.pop((os.path.abspath(out), threading.get_ident()), None)
     if tmp is not None:
         discard_quietly(tmp)
-
-
-def clean_stale_staging(out: Path) -> list[Path]:
-    """Delete staging files of `out` (and the container writer's temporaries of them) left
-    by writers on this host that no longer run; live writers' files are kept."""
-    from seqkv_cli.fsutil import clean_stale_temporaries
-
-    return clean_stale_temporaries(out, (_SUFFIX, ".tmp"))
