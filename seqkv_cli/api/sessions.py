@@ -26,27 +26,22 @@ def compress_sessions(
     verify: bool = False,
     layout: str = "auto",
     on_progress: Callable[[int], None] | None = None,
+    file_meta: dict | None = None,
 ):
     """Write `sessions` ((id, input_ids) pairs, or a mapping id -> input_ids) to a new
     archive at `out` (atomically: a crash leaves no partial file); a CompressResult.
 
     `model` as for `open_archive` (also a LoadedModel); `codec` "seq" or "seq-fast";
     `verify` restores every session and compares its tokens before the file is published;
-    `layout` as `seqkv compress --layout` (one session: a compact file by default)."""
+    `layout` as `seqkv compress --layout` (one session: a compact file by default);
+    `file_meta`: JSON-plain entries for the header's `meta` (the shard pipeline records there
+    what a shard holds: scale/shard.py)."""
     from seqkv_cli.kvcapture.engine import canonical_model, provenance
     from seqkv_cli.runtime.loading import resolve_model
-    from seqkv_cli.runtime.numerics import DEFAULT
-    from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
     from seqkv_cli.skv.compress_trie import compress_sources
     from seqkv_cli.trie.sources import Source
 
-    caps = codec_capabilities(str(codec))
-    if caps is None or not (caps.needs_canonical and caps.trie_capable):
-        raise SeqkvError(
-            f"compress_sessions stores tokens for a model-backed trie codec (seq, seq-fast); "
-            f"{codec!r} is not one"
-        )
-    coder = resolve_codec({"id": codec, "numerics": numerics or DEFAULT})
+    coder = session_codec(codec, numerics)
     lm = resolve_model(model, tokenizer=tokenizer)
     path = canonical_model(lm, coder.numerics).numeric_path
     base = provenance(lm, dtype="bf16", numeric_path=path, positions=0)
@@ -67,4 +62,20 @@ def compress_sessions(
         sources.append(Source.tokens_only(sid, ids, {**base, "positions": len(ids)}))
     if not sources:
         raise SeqkvError("no sessions to compress")
-    return compress_sources(sources, Path(out), coder, verify, lm, on_progress, layout=layout)
+    return compress_sources(
+        sources, Path(out), coder, verify, lm, on_progress, layout=layout, meta=file_meta
+    )
+
+
+def session_codec(codec: str = "seq", numerics: str | None = None):
+    """The codec `compress_sessions` codes with (its config decides the bytes it writes)."""
+    from seqkv_cli.runtime.numerics import DEFAULT
+    from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
+
+    caps = codec_capabilities(str(codec))
+    if caps is None or not (caps.needs_canonical and caps.trie_capable):
+        raise SeqkvError(
+            f"compress_sessions stores tokens for a model-backed trie codec (seq, seq-fast); "
+            f"{codec!r} is not one"
+        )
+    return resolve_codec({"id": codec, "numerics": numerics or DEFAULT})

@@ -1,22 +1,31 @@
 """A directory of shard archives read as one logical archive, through its manifest.
 
 `manifest.parquet` (written last, atomically, by the sharded and Ray pipelines) has one row
-per session: its id, the shard file that holds it, tokens, own bytes, shared prefix, log2 PP
-and the prefix key that placed it. Its schema metadata names the model every shard must be
-of. docs/FORMAT.md, "Shard manifests", specifies it.
+per session: its id, the shard file that holds it, tokens, own bytes, shared prefix, log2 PP,
+the prefix key that placed it and (version 2) a digest of its token ids. Its schema metadata
+names the model every shard must be of and (version 2) the settings the shards were built
+with. Each shard records the same digests and settings in its own header (`CONTENT_KEY`),
+published with it: what a rerun compares before it keeps a shard (scale/shard.py).
+docs/FORMAT.md, "Shard manifests", specifies both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from seqkv_cli.errors import SeqkvError
 
 MANIFEST_NAME = "manifest.parquet"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2 added the `content` column and the `settings` metadata
 META_KEY = b"seqkv_manifest"
+CONTENT_KEY = "content"  # a shard header's meta entry: {"version", "settings", "tokens"}
+CONTENT_COLUMN = "content"  # version 2: token_digest of the session's token ids
+# The columns of every version (a version 1 manifest has exactly these).
 COLUMNS = {
     "session_id": "string",
     "shard": "string",
@@ -28,9 +37,16 @@ COLUMNS = {
 }
 
 
+def token_digest(token_ids) -> str:
+    """32 hex digits naming a session's content: BLAKE2b-128 of its token ids as <u4."""
+    raw = np.asarray(token_ids, dtype=np.int64).astype("<u4").tobytes()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
 @dataclass
 class Manifest:
-    """A read manifest: its directory, the model it names, and its rows (a DataFrame)."""
+    """A read manifest: its directory, the model it names, and its rows (a DataFrame with
+    COLUMNS and `content`, "" in a version 1 manifest, which has no digests)."""
 
     root: Path
     model: dict
@@ -92,8 +108,11 @@ def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
             f"{file} is manifest version {version}; this seqkv reads up to "
             f"{MANIFEST_VERSION} (upgrade seqkv)"
         )
-    _check_schema(file, table)
-    rows = table.select(list(COLUMNS)).to_pandas()
+    _check_schema(file, table, version)
+    columns = [*COLUMNS, CONTENT_COLUMN] if version >= 2 else list(COLUMNS)
+    rows = table.select(columns).to_pandas()
+    if version < 2:
+        rows[CONTENT_COLUMN] = ""
     for name in set(rows["shard"]):
         if not _plain_shard_name(name):
             raise SeqkvError(f"{file}: shard name {str(name)[:80]!r} is not a .skv file name")
@@ -108,18 +127,19 @@ def read_manifest(path: Path, *, check_shards: bool = True) -> Manifest:
     return manifest
 
 
-def _check_schema(file: Path, table) -> None:
+def _check_schema(file: Path, table, version: int) -> None:
     """Every column there, of its type, with no empty cells (log2 PP may be unknown), and
     counts that can be counts: checked on whole columns, not row by row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    missing = [c for c in COLUMNS if c not in table.column_names]
+    expected = dict(COLUMNS, **({CONTENT_COLUMN: "string"} if version >= 2 else {}))
+    missing = [c for c in expected if c not in table.column_names]
     if missing:
         raise SeqkvError(f"{file}: manifest lacks the column(s) {', '.join(missing)}")
     allowed = {"string": (pa.string(), pa.large_string()), "int64": (pa.int64(),)}
     allowed["float64"] = (pa.float64(),)
-    for name, kind in COLUMNS.items():
+    for name, kind in expected.items():
         column = table.column(name)
         if column.type not in allowed[kind]:
             raise SeqkvError(f"{file}: manifest column {name} holds {column.type}, not {kind}")
@@ -134,6 +154,10 @@ def _check_schema(file: Path, table) -> None:
         and pc.any(pc.greater(table.column("shared_prefix"), table.column("tokens"))).as_py()
     ):
         raise SeqkvError(f"{file}: a manifest row shares more prefix than it has tokens")
+    if version >= 2 and table.num_rows:
+        digest = pc.match_substring_regex(table.column(CONTENT_COLUMN), "^[0-9a-f]{32}$")
+        if not pc.all(digest).as_py():
+            raise SeqkvError(f"{file}: manifest column content holds a value that is no digest")
 
 
 def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> None:
@@ -161,13 +185,19 @@ def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> N
             raise SeqkvError(f"{file} lists {shard.name}, which is missing")
         with Archive(shard) as arc:
             got = str(arc.model.get("fingerprint", "?"))
-            held += [(shard.name, e["id"], e["positions"]) for e in arc.sessions]
+            record = (arc.reader.header.get("meta") or {}).get(CONTENT_KEY)
+            digests = record.get("tokens") if isinstance(record, dict) else None
+            digests = digests if isinstance(digests, dict) else {}
+            held += [
+                (shard.name, e["id"], e["positions"], str(digests.get(e["id"], "")))
+                for e in arc.sessions
+            ]
         if not fingerprint_matches(got, fingerprint):
             raise SeqkvError(
                 f"{shard} holds sessions of another model (fingerprint {got[:16]}) than "
                 f"{file} names ({fingerprint[:16]}); one manifest holds one model"
             )
-    shards = pd.DataFrame(held, columns=["shard", "session_id", "positions"])
+    shards = pd.DataFrame(held, columns=["shard", "session_id", "positions", "held_content"])
     both = manifest.rows.merge(shards, on=["shard", "session_id"], how="outer", indicator=True)
     listed_only = both[both["_merge"] == "left_only"]
     if len(listed_only):
@@ -189,10 +219,20 @@ def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> N
             f"{file} says session {str(row.session_id)[:80]!r} has {int(row.tokens):,} "
             f"tokens; {row.shard} holds {int(row.positions):,}"
         )
+    # version 2: the content a row names is the content its shard recorded (a shard written
+    # by a later run whose manifest was never written holds other tokens)
+    stale = both[(both[CONTENT_COLUMN] != "") & (both[CONTENT_COLUMN] != both["held_content"])]
+    if len(stale):
+        row = stale.iloc[0]
+        raise SeqkvError(
+            f"{file} names other content for session {str(row.session_id)[:80]!r} than "
+            f"{row.shard} holds: a stale manifest (run the compress again)"
+        )
 
 
 def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None = None) -> Path:
-    """Write `root/manifest.parquet` atomically (`fsutil.publish`)."""
+    """Write `root/manifest.parquet` atomically (`fsutil.publish`), version 2: every row
+    has a `content` digest; `extra` goes to the metadata (the pipeline's `settings`...)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -201,7 +241,7 @@ def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None
     ordered = sorted(rows, key=lambda r: (r["shard"], r["session_id"]))
     arrays = {
         name: pa.array([r[name] for r in ordered], type=getattr(pa, kind)())
-        for name, kind in COLUMNS.items()
+        for name, kind in dict(COLUMNS, **{CONTENT_COLUMN: "string"}).items()
     }
     meta = {"version": MANIFEST_VERSION, "model": model, **(extra or {})}
     table = pa.table(arrays).replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True)})

@@ -5,7 +5,8 @@ over the whole input before any model work (a missing or repeated id is refused,
 row); the backend tokenizes the sessions and keys them by their first tokens; the per-key
 counts give the shard plan (plan.py); the backend builds every shard (shard.py) and publishes
 it atomically; the manifest is written last. A rerun over the same input skips the shards
-that are complete, and removes shard files no longer in the plan.
+that provably hold what it would write (shard.py), and removes shard files no longer in the
+plan.
 
 A backend has four steps: `load_model()`, `running()` (a context around the work),
 `tokenize(paths, prefix_tokens, keep)` (`keep(TokenizedSession)` says whether the session is
@@ -35,7 +36,7 @@ from seqkv_cli.scale.common import (
     tokenize_row,
 )
 from seqkv_cli.scale.plan import KeyStats
-from seqkv_cli.scale.shard import ShardSession
+from seqkv_cli.scale.shard import ShardSession, shard_settings
 
 
 def compress_dataset(
@@ -81,6 +82,7 @@ def compress_dataset(
         meta = {
             "prefix_tokens": options.prefix_tokens,
             "too_long_skipped": fits.skipped,
+            "settings": shard_settings(lm, options.shard_options()),
         }
         manifest, removed, file_bytes = finish(root, rows, lm, names, meta)
     except BaseException:

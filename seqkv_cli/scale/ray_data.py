@@ -6,8 +6,10 @@
     --write_datasink(ShardSink)--> shard files published atomically; manifest on completion
 
 Ray retries a failed actor (`max_restarts`, `max_task_retries`); a shard that is already on
-disk with exactly its planned sessions is not rebuilt, so a rerun after a crash redoes only
-what was lost. The output directory must be one every node sees (a shared file system).
+disk holding provably what this run would write (shard.py: ids, lengths, a digest of each
+session's tokens, model and codec) is not rebuilt, so a rerun after a crash redoes only what
+was lost, and a rerun after an edit rewrites the edited sessions' shards. The output
+directory must be one every node sees (a shared file system).
 
 This module is the driver's side: joining the cluster, and `RayShards`, the backend that
 `local.compress_dataset` drives; the stages that run on the cluster are in ray_stages.py.

@@ -67,7 +67,13 @@ class CompressShard:
     def __call__(self, group) -> dict:
         import tempfile
 
-        from seqkv_cli.scale.shard import ShardSession, build_shard, holds_exactly, manifest_rows
+        from seqkv_cli.scale.shard import (
+            ShardSession,
+            build_shard,
+            manifest_rows,
+            provably_complete,
+            shard_settings,
+        )
 
         name = str(group["shard"].iloc[0])
         sessions = [
@@ -75,7 +81,7 @@ class CompressShard:
             for i, t, k in zip(group["id"], group["token_ids"], group["key"], strict=True)
         ]
         final = self.root / name
-        if holds_exactly(final, sessions):
+        if provably_complete(final, sessions, shard_settings(self.lm, self.options)):
             rows = manifest_rows(final, name, {s.id: s.prefix_key for s in sessions})
             return _result(name, None, rows, sessions)
         with tempfile.TemporaryDirectory(prefix="seqkv-shard-") as tmp:

@@ -20,9 +20,10 @@ def compress_sources(
     near_dup=False,
     layout: str = "auto",
     on_session=None,
+    meta: dict | None = None,
 ):
     """A new trie archive at `out` from sources (capture files, in-memory captures or
-    tokens only).
+    tokens only); `meta`: entries added to the header's `meta` (a full-layout file only).
 
     `layout`: "auto" (one session that qualifies: a compact file), "compact" or "trie"
     (trie/write.py, write_new). `on_session(index, capture)`: each tokens-only source as
@@ -64,6 +65,7 @@ def compress_sources(
         trie, 0, sources, ends, coder, canon, on_progress, members=members, on_session=on_session
     )
     meta = {
+        **(meta or {}),
         "created": created_utc(),
         "writer": writer_version(),
     }
