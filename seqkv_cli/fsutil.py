@@ -203,7 +203,10 @@ def staging_name(target: Path, suffix: str = ".tmp") -> Path:
     parsed = staged_target(name)
     if parsed is not None and parsed[1] == os.getpid():
         name = parsed[0]
-    checkpoint("stage", target)
+    try:  # the writer creates the staged file next: its refusal, as a writer would say it
+        checkpoint("stage", target)
+    except OSError as exc:
+        raise PublishError(target, describe_os_error(exc)) from None
     clean_stale(target.parent)
     return target.with_name(f".{name}.{run_tag()}{suffix}")
 
@@ -276,7 +279,6 @@ def publish(staged: Path, target: Path, *, exclusive: bool = False) -> bool:
         raise PublishError(shown, describe_os_error(exc)) from None
     finally:
         discard_quietly(staged)
-    checkpoint("fsync-dir", target)
     fsync_dir(target.parent)
     return True
 
@@ -345,8 +347,10 @@ def discard_quietly(path: Path) -> None:
 
 
 def fsync_dir(folder: Path) -> None:
-    """Make a rename in `folder` durable; platforms that cannot open a directory skip it."""
+    """Make a rename in `folder` durable; platforms that cannot open a directory skip it,
+    and a failure is not the write's (the file is in place already)."""
     try:
+        checkpoint("fsync-dir", folder)
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
         return

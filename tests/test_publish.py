@@ -135,3 +135,95 @@ def test_a_failing_block_publishes_nothing(tmp_path):
         tmp.write_bytes(b"half")
         raise SeqkvError("stopped")
     assert target.read_bytes() == OLD and list(tmp_path.iterdir()) == [target]
+
+
+# -- one staging-name scheme, one cleaner, the fault seam (issue 37) -----------------------
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return int(done.stdout)
+
+
+def test_a_staging_name_of_a_staging_name_is_named_after_the_real_target(tmp_path):
+    from seqkv_cli.fsutil import run_tag, staged_target
+
+    first = staging_name(tmp_path / "m.skv", ".new.skv")
+    second = staging_name(first, ".staging")
+    third = staging_name(second)
+    for name in (first, second, third):
+        assert name.parent == tmp_path and name.name.startswith(".m.skv.")
+        assert staged_target(name.name) == ("m.skv", os.getpid())
+    assert third.name.endswith(".tmp") and second.name.endswith(".staging")
+    # a user's file that merely looks staged (another pid) keeps its own name as the target
+    look_alike = tmp_path / f".m.skv.{run_tag().replace(str(os.getpid()), '1')}.tmp"
+    assert staging_name(look_alike).name.startswith(f".{look_alike.name}.")
+
+
+def test_the_cleaner_removes_what_dead_writers_staged_files_and_folders(tmp_path):
+    from seqkv_cli.fsutil import clean_stale, host_tag
+
+    dead, host = _dead_pid(), host_tag()
+    gone = [
+        tmp_path / f".x.skv.{host}-{dead}-0badc0de.tmp",
+        tmp_path / f".a.safetensors.{host}-{dead}-0badc0de.stage",  # a folder, with content
+        tmp_path / f"..x.skv.{host}-1-0badc0de.staging.{host}-{dead}-feedf00d.tmp",  # 0.5 names
+        tmp_path / f".x.skv.compact.{host}-{dead}-ab_x9z01",  # 0.5's compact scratch folder
+    ]
+    kept = [
+        tmp_path / f".x.skv.{host}-{os.getpid()}-0badc0de.tmp",  # this process: live
+        tmp_path / f".x.skv.00000000-{dead}-0badc0de.tmp",  # another host: cannot tell
+        tmp_path / ".tmpAbC123",  # not a staging name
+        tmp_path / f"x.skv.{host}-{dead}-0badc0de.tmp",  # not hidden: not ours
+    ]
+    for path in gone + kept:
+        if path.name.endswith((".stage", "ab_x9z01")):
+            path.mkdir()
+            (path / ".tmpXYZ").write_bytes(b"half a capture")
+        else:
+            path.write_bytes(b"left behind")
+    assert sorted(clean_stale(tmp_path)) == sorted(gone)
+    assert sorted(p for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_a_symlink_target_is_written_through(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.bin").write_bytes(OLD)
+    link = tmp_path / "link.bin"
+    link.symlink_to(real / "a.bin")
+    with atomic_path(link) as tmp:
+        assert tmp.parent == real
+        tmp.write_bytes(NEW)
+    assert link.is_symlink() and (real / "a.bin").read_bytes() == NEW
+    assert sorted(p.name for p in real.iterdir()) == ["a.bin"]
+
+
+@pytest.mark.parametrize("own_dir", [False, True])
+def test_every_step_of_a_publish_passes_the_seam_and_an_error_there_cleans_up(tmp_path, own_dir):
+    import errno
+
+    from seqkv_cli.fsutil import injected
+
+    target = tmp_path / "t.bin"
+    target.write_bytes(OLD)
+    met = []
+    with injected(lambda step, path: met.append(step)), atomic_path(target, own_dir=own_dir) as t:
+        t.write_bytes(NEW)
+    assert met == ["stage", "write", "fsync", "chmod", "rename", "fsync-dir"]
+    for step in met[:-1]:
+
+        def refuse(at, path, step=step):
+            if at == step:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        target.write_bytes(OLD)
+        with (
+            pytest.raises((OSError, PublishError), match="No space left"),
+            injected(refuse),
+            atomic_path(target, own_dir=own_dir) as tmp,
+        ):
+            tmp.write_bytes(NEW)
+        assert target.read_bytes() == OLD, step
+        assert list(tmp_path.iterdir()) == [target], step
