@@ -96,6 +96,15 @@ def test_ray_shards_equal_the_serial_run_despite_a_killed_actor(
     assert any(" shards (" in line and "sessions/s" in line for line in lines), lines
     again = run(dataset, out, tiny_model_dir)
     assert again.skipped_shards == again.shards and again.sessions == 19
+    # an edit of one session to another of the same length: only its shard is rebuilt
+    rows = [*chat_rows(18, seed=2), {"id": "plain", "text": "A tower keeps water pressure up."}]
+    rows[3]["messages"][1]["content"] = rows[3]["messages"][1]["content"].upper()
+    edited = write_jsonl(tmp_path / "edited.jsonl", rows)
+    third = run(edited, out, tiny_model_dir)
+    assert third.skipped_shards == third.shards - 1
+    restored = restored_sessions([read_manifest(out).shard_of("chat-0003")], tiny_lm)
+    text = tiny_lm.tokenizer.decode(restored["chat-0003"].tokens.tolist())
+    assert rows[3]["messages"][1]["content"] in text
 
 
 @pytest.mark.model
