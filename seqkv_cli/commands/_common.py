@@ -52,8 +52,8 @@ def terminate_like_interrupt():
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # None: a handler set outside Python, which cannot be put back; the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def handle_errors(func):
