@@ -75,7 +75,7 @@ def encode_symbols_cuda(
     alphabet_size = stream.check_alphabet(alphabet_size)
     with _on(device):
         d_sym = _device_symbols(symbols)
-        counts = _histogram(d_sym, alphabet_size, threads)
+        counts = histogram(d_sym, alphabet_size, threads)
         return stream.encode_stream(
             counts,
             d_sym.size,
@@ -255,7 +255,7 @@ def _device_symbols(symbols: Any) -> Any:
     return d_sym
 
 
-def _histogram(d_sym: Any, alphabet_size: int, threads: int = MAX_THREADS) -> np.ndarray:
+def histogram(d_sym: Any, alphabet_size: int, threads: int = MAX_THREADS) -> np.ndarray:
     """Symbol counts (int64, host); ValueError naming the range when a symbol is outside the
     alphabet, as the CPU coder does."""
     from numba import cuda

@@ -26,6 +26,24 @@ from seqkv_codecs.entropy.geometry import MAX_PER_THREAD, decode_geometry
 from seqkv_codecs.errors import CorruptStreamError
 
 
+def encode_symbols(symbols: np.ndarray, alphabet_size: int, lanes: int | None = None) -> bytes:
+    """A stream of ``symbols`` (1-D, non-negative integers below ``alphabet_size``: unchecked,
+    this is a test's tool) coded by the kernel source."""
+    counts = np.bincount(symbols, minlength=alphabet_size).astype(np.int64)
+    return stream.encode_stream(
+        counts,
+        symbols.size,
+        alphabet_size,
+        lanes,
+        lambda freqs, precision, lanes: encode(symbols, freqs, precision, lanes),
+    )
+
+
+def decode_symbols(data: bytes | memoryview, per_thread: int | None = None) -> np.ndarray:
+    """`decode` of a stream's bytes."""
+    return decode(stream.unpack(data), per_thread)
+
+
 def encode(
     symbols: np.ndarray, freqs: np.ndarray, precision: int, lanes: int
 ) -> tuple[np.ndarray, np.ndarray]:
