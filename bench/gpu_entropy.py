@@ -202,16 +202,19 @@ def speed(plane: np.ndarray, lanes: int, repeat: int = 3) -> dict:
     }
 
 
-def crossover(sizes: list[int], repeat: int = 3) -> dict:
+def crossover(
+    sizes: list[int], repeat: int = 3, lanes_of: Callable[[int], int] = lanes_for
+) -> dict:
     """Host bytes in, host bytes out (what `backend="auto"` does for a per-vector stream):
-    numpy against the GPU at each size, and the smallest size from which the GPU is faster
-    both ways: the value for `entropy.placement.GPU_MIN_SYMBOLS`."""
+    numpy against the GPU at each size (``lanes_of(n)`` lanes: the per-vector codecs' count),
+    and the smallest size from which the GPU is faster both ways, at every larger size too:
+    the value for `entropy.placement.GPU_MIN_SYMBOLS`."""
     from seqkv_codecs.entropy import rans_cuda
 
     rows = []
     for n in sizes:
         plane = kv_planes(n * 2 / 1e6, seed=n)["kv-high-byte"][:n]
-        lanes = lanes_for(n)
+        lanes = lanes_of(n)
         cpu_enc, blob = _best(lambda p=plane, k=lanes: encode_symbols(p, 256, lanes=k), repeat)
         cpu_dec, _ = _best(lambda b=blob: decode_symbols(b), repeat)
         gpu_enc, _ = _best(

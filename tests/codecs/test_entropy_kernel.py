@@ -93,6 +93,12 @@ def test_decode_geometry():
     assert decode_geometry(2048, lambda t: 1) == decode_geometry(2048, lambda t: 1, 8)
     g = decode_geometry(200, lambda t: 1, per_thread=8)
     assert (g.threads, g.per_thread, g.blocks) == (32, 8, 1)  # 25 threads' worth of lanes
+    g = decode_geometry(500, lambda t: 1)
+    assert (g.threads, g.per_thread, g.blocks) == (256, 2, 1)
+    g = decode_geometry(1250, lambda t: 1)
+    assert (g.threads, g.per_thread, g.blocks) == (160, 8, 1)
+    g = decode_geometry(70, lambda t: 4)
+    assert (g.threads, g.per_thread, g.blocks) == (96, 1, 1)
 
 
 SIMULATED = textwrap.dedent(
@@ -105,6 +111,11 @@ SIMULATED = textwrap.dedent(
     from numba.core import config
 
     assert config.ENABLE_CUDASIM  # the kernels below run in numba's simulator
+
+    def no_fallback(parsed):
+        raise AssertionError("the decode fell back to the CPU: its grid did not fit")
+
+    rans_cuda._decode_on_host = no_fallback
     rng = np.random.default_rng(7)
     geometric = lambda n, p, a: np.minimum(rng.geometric(p, n) - 1, a - 1)
     cases = [  # (symbols, alphabet, lanes, lanes per decode thread)

@@ -35,7 +35,8 @@ def decode_geometry(
     for k in choices:
         if not 1 <= k <= MAX_PER_THREAD:
             continue
-        threads = max(32, min(MAX_THREADS, -(-lanes // k + 31) // 32 * 32))
+        needed = -(-lanes // k)  # threads with lanes, rounded up to whole warps below
+        threads = max(32, min(MAX_THREADS, -(-needed // 32) * 32))
         blocks = -(-lanes // (threads * k))
         if blocks <= resident(threads):
             return Geometry(threads, k, blocks)
