@@ -185,6 +185,8 @@ def decode_device(ds: DeviceStream, *, per_thread: int | None = None) -> Any:
     kernel, sig = k.decode[ds.dtype.itemsize]
     geometry = decode_geometry(lanes, kernel.overloads[sig].max_cooperative_grid_blocks, per_thread)
     if geometry is None:  # more lanes than the GPU holds at once: the CPU decodes them
+        global host_decodes
+        host_decodes += 1
         return cuda.to_device(_decode_on_host(ds.host))
     steps, last = stream.step_shape(ds.n_symbols, lanes)
     status = cuda.to_device(np.zeros(4, np.int64))
@@ -210,6 +212,7 @@ def release_workspace() -> None:
 
 
 _workspace: dict[str, Any] = {}
+host_decodes = 0  # streams with more lanes than fit on the GPU at once, decoded by numpy
 
 
 def _scratch(name: str, size: int, dtype: type) -> Any:
