@@ -1,20 +1,33 @@
 """GPU checks for a lent machine: CPU/GPU byte identity, and the speed of the GPU paths.
 
-    python -m bench.gpu_check --out DIR              # on a CUDA machine (bench/gpu_check.sh)
+    bash bench/gpu_check.sh [OUT_DIR]                # on a CUDA machine: one process a step
+    python -m bench.gpu_check --out DIR [--only S,T]  # the steps in this process
     python -m bench.gpu_check --out DIR --cpu-dry-run  # the same code, tiny sizes, on CPU
 
-1. Entropy coder: numpy (CPU) vs torch-on-device bytes for the same symbols and lanes, both
-   decoders on both streams, and device encode/decode GB/s on >= 256 MB of bf16 K/V.
-2. Token-coder tables: `frequencies_from_logits` (numpy, CPU) vs `frequencies_from_logits_torch`
-   on device tensors, on model logits and on edge cases (ties, -inf, peaked rows).
-3. Canonical forward on the device: is a row of a row-block-padded product independent of
-   the other rows (the CPU canary, on device), and do device logits equal CPU logits?
-4. Token coder tokens/s with >= 64 sessions decoded in lockstep on the device.
-4b. The portable forward (bench/gpu_portable.py): CPU vs device bits of a prefill and steps,
-   their times, rows of 8 and 64 sessions, and a transformers fp32 step on the device.
-5. Whole `.skv` files (bench/gpu_files.py): the `seqkv` command with --device cpu and cuda on
-   1, 8 and 32 sessions — byte-identical files, cross-device restores, decode tokens/s.
-Writes gpu_check.md and gpu_check.json to --out.
+Steps, cheapest and most wanted first (`STEPS`):
+
+1. ``entropy_identity``: the CUDA entropy kernels against the numpy coder on random streams
+   and K/V byte planes up to 16 M symbols, each decoding the other's (bench/gpu_entropy.py;
+   the check CI runs on the kernel source without a GPU).
+2. ``entropy_speed``: GB/s of the kernels (device-resident) and end to end, on 256 MB of bf16
+   K/V byte planes, at the per-vector codecs' lane count, 4x more lanes and the default's.
+3. ``entropy_crossover``: from which stream length the GPU beats numpy, host to host (the
+   value for `seqkv_codecs.entropy.placement.GPU_MIN_SYMBOLS`).
+4. ``files``: whole `.skv` files from `seqkv --device cpu` and `--device cuda` (portable path,
+   `seq` trie/flat/--parallel and the per-vector `lossless` and `turbo3` with every entropy
+   stream forced onto the GPU): byte-identical, each restored on the other device
+   (bench/gpu_files.py).
+5. ``portable``: the portable forward on CPU and device in one process: bits, times, rows of
+   8 and 64 sessions (bench/gpu_portable.py).
+6. ``tables``: token-coder frequency tables, numpy vs torch on the device.
+7. ``canonical``: the legacy canonical forward on the device (row invariance, CPU logits).
+8. ``files_many``: whole files of 64 sessions (batched rows), decode tokens/s.
+9. ``token_coder``: 64 sessions of the token coder in lockstep on the device.
+
+Writes gpu_check.md and gpu_check.json to --out after every step; with --only, the steps' results
+are merged into what the folder already holds (gpu_check.sh runs one process per step, so a
+crash or a CUDA error in one cannot take the others with it). The report ends with what to run
+next.
 """
 
 from __future__ import annotations
@@ -27,73 +40,88 @@ import numpy as np
 import torch
 
 from bench import harness
+from bench.gpu_entropy import (
+    Case,
+    check,
+    crossover,
+    kv_planes,
+    random_cases,
+    speed,
+    summary,
+)
 from bench.gpu_files import whole_files
 from bench.gpu_portable import portable_forward
-from bench.gpu_report import markdown
+from bench.gpu_report import STEPS, markdown
 from bench.gpu_tokens import SMOLLM2, TINY, DeviceRows, token_coder
+from seqkv_codecs.entropy.stream import default_lanes
+from seqkv_codecs.pervector._symbols import lanes_for
 
 
-def kv_planes(mb: float, seed: int = 0) -> dict[str, np.ndarray]:
-    """High and low byte planes of `mb` MB of bf16 values shaped like K/V (per-channel scale)."""
-    n = int(mb * 1e6) // 2
-    rng = np.random.default_rng(seed)
-    scale = np.exp(rng.normal(0.0, 1.5, 64)).astype(np.float32)
-    values = rng.standard_normal((n // 64 + 1, 64), dtype=np.float32) * scale
-    codes = (values.reshape(-1)[:n].view(np.uint32) >> 16).astype(np.uint16)
-    return {"kv-high-byte": (codes >> 8).astype(np.uint8), "kv-low-byte": codes.astype(np.uint8)}
+def _kernel_available() -> bool:
+    """The CUDA kernels can run here: a GPU, or numba's simulator (a dry run's)."""
+    from seqkv_codecs.entropy import rans_cuda
+
+    return rans_cuda.available()
 
 
-def _best(fn, repeat: int = 3) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
+def entropy_identity(dry: bool) -> dict:
+    """Random streams and K/V planes, the CUDA kernels against numpy, both ways; without a
+    GPU (and without the simulator) the kernel source on the CPU (`rans_lanes_cpu`)."""
+    from seqkv_codecs.entropy import rans_cuda, rans_lanes_cpu
 
-
-def entropy(device: str, mb: float) -> list[dict]:
-    from seqkv_codecs.entropy.stream import default_lanes
-
+    if dry:  # the simulator runs every GPU thread as a Python thread: tiny streams, 4 steps
+        cases = [
+            Case(c.name, c.symbols, c.alphabet, max(1, c.symbols.size // 4))
+            for c in random_cases(40, seed=3, max_symbols=400)
+            if c.symbols.size > 2 and c.symbols.size <= 400
+        ][:3]
+    else:
+        cases = random_cases(300, seed=39, max_symbols=16 << 20)
+        for name, plane in kv_planes(32.0, seed=5).items():  # 16 M symbols a plane
+            cases.append(Case(name, plane, 256, lanes_for(plane.size)))
+    per_thread = iter([None, 1, 2, 4, 8] * len(cases))
+    if _kernel_available():
+        kernel = "cuda"
+        encode = lambda s, a, k: rans_cuda.encode_symbols_cuda(s, a, lanes=k)  # noqa: E731
+        decode = lambda d: rans_cuda.decode_symbols_cuda(  # noqa: E731
+            d, per_thread=next(per_thread)
+        ).copy_to_host()
+    else:
+        kernel = "kernel source on the CPU (no CUDA, no simulator)"
+        encode = rans_lanes_cpu.encode_symbols
+        decode = lambda d: rans_lanes_cpu.decode_symbols(d, next(per_thread))  # noqa: E731
     rows = []
-    for name, sym in kv_planes(mb).items():
-        on_dev = torch.from_numpy(sym).to(device)
-        for lanes in sorted({default_lanes(sym.size), max(sym.size // 256, 1)}):
-            rows.append({"plane": name, **_plane(sym, on_dev, lanes, device)})
-            print(f"  entropy {name} lanes={lanes} done", flush=True)
-    return rows
+    before = rans_cuda.host_decodes
+    for row in check(cases, encode, decode):
+        rows.append(row)
+        if row["failed"]:
+            print(f"  entropy identity FAILED: {row}", flush=True)
+    # streams with more lanes than the GPU holds at once go to numpy: not a kernel check
+    return {"kernel": kernel, "decoded_on_cpu": rans_cuda.host_decodes - before, **summary(rows)}
 
 
-def _plane(sym: np.ndarray, on_dev: torch.Tensor, lanes: int, device: str) -> dict:
-    """One byte plane through both backends: identical bytes, cross decodes, device speed."""
-    from seqkv_codecs.entropy import (
-        decode_symbols,
-        decode_symbols_torch,
-        encode_symbols,
-        encode_symbols_torch,
-    )
+def entropy_speed(dry: bool, mb: float) -> dict:
+    """GB/s of the kernels on each byte plane of ``mb`` MB of bf16 K/V."""
+    if not _kernel_available():
+        return {"skipped": "no CUDA GPU (and not numba's simulator)"}
+    rows = []
+    for name, plane in kv_planes(mb).items():
+        n = plane.size
+        # the simulator: a few steps only; a GPU: the codecs' lanes (~1,024 steps), 4x more
+        # lanes (~256 steps) and the entropy default's (16,384 lanes: ~n / 16,384 steps)
+        configs = [n // 4] if dry else [lanes_for(n), n // 256, default_lanes(n)]
+        for lanes in configs:
+            rows.append({"plane": name, **speed(plane, lanes, repeat=1 if dry else 3)})
+            print(f"  entropy speed {name} lanes={lanes}: {rows[-1]}", flush=True)
+    return {"rows": rows}
 
-    def dev_decode(data: bytes) -> torch.Tensor:
-        out = decode_symbols_torch(data, device)
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        return out
 
-    cpu_s, cpu_blob = _best(lambda: encode_symbols(sym, 256, lanes=lanes), 1)
-    enc_s, blob = _best(lambda: encode_symbols_torch(on_dev, 256, lanes=lanes))
-    dec_s, back = _best(lambda: dev_decode(blob))
-    return {
-        "symbols": int(sym.size),
-        "lanes": lanes,
-        "bits_per_symbol": len(blob) * 8 / sym.size,
-        "bytes_identical": blob == cpu_blob,
-        "device_decodes_cpu_stream": bool(np.array_equal(dev_decode(cpu_blob).cpu().numpy(), sym)),
-        "cpu_decodes_device_stream": bool(np.array_equal(decode_symbols(blob), sym)),
-        "device_round_trip": bool(np.array_equal(back.cpu().numpy(), sym)),
-        "cpu_numpy_encode_GBps": sym.size / cpu_s / 1e9,
-        "device_encode_GBps": sym.size / enc_s / 1e9,
-        "device_decode_GBps": sym.size / dec_s / 1e9,
-    }
+def entropy_crossover(dry: bool) -> dict:
+    if not _kernel_available():
+        return {"skipped": "no CUDA GPU (and not numba's simulator)"}
+    if dry:
+        return crossover([64, 128], repeat=1, lanes_of=lambda n: n // 4)
+    return crossover([1 << p for p in range(10, 25, 2)])
 
 
 def tables(model: DeviceRows, device: str, rows: int) -> list[dict]:
@@ -147,12 +175,43 @@ def canonical_on_device(shape: dict, device: str, tokens: int) -> dict:
     }
 
 
+def run_step(name: str, args, dry: bool, device: str, shape: dict) -> object:
+    mb = args.kv_mb or (0.004 if dry else 256.0)
+    sessions, tokens = args.sessions or (4 if dry else 64), args.tokens or (8 if dry else 128)
+    chars = 60 if dry else 400  # characters per session of the whole-file steps (byte tokens)
+    if name == "entropy_identity":
+        return entropy_identity(dry)
+    if name == "entropy_speed":
+        return entropy_speed(dry, mb)
+    if name == "entropy_crossover":
+        return entropy_crossover(dry)
+    if name == "files":
+        return whole_files(device, shape, (1,) if dry else (1, 8), chars)
+    if name == "portable":
+        return portable_forward(
+            shape, device, 16 if dry else 256, 4 if dry else 24, (2,) if dry else (8, 64)
+        )
+    if name == "tables":
+        return tables(DeviceRows(shape, "cpu"), device, 16 if dry else 256)
+    if name == "canonical":
+        return canonical_on_device(shape, device, 16 if dry else 256)
+    if name == "files_many":
+        return whole_files(device, shape, (2,) if dry else (64,), chars // 4)
+    if name == "token_coder":
+        return token_coder(shape, device, sessions, tokens)
+    raise SystemExit(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     # no --model: the model's shape is the embedded one's (or TINY's), weights random
     parser = harness.parser(__doc__, model=False)
     parser.add_argument("--out", type=Path, required=True, help="folder for the report")
     parser.add_argument("--cpu-dry-run", action="store_true", help="same code, tiny, on CPU")
-    parser.add_argument("--kv-mb", type=float, help="MB of bf16 K/V for the entropy coder")
+    parser.add_argument("--only", help=f"comma-separated steps of: {', '.join(STEPS)}")
+    parser.add_argument(
+        "--record", metavar="STEP=MESSAGE", help="record a step that failed outside Python"
+    )
+    parser.add_argument("--kv-mb", type=float, help="MB of bf16 K/V for the entropy speed")
     parser.add_argument("--sessions", type=int, help="sessions decoded in lockstep")
     parser.add_argument("--tokens", type=int, help="tokens per session")
     args = parser.parse_args(argv)
@@ -162,48 +221,44 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("CUDA is not available to this torch build; use --cpu-dry-run")
     device = "cpu" if dry else "cuda"
     shape = TINY if dry else SMOLLM2
-    mb = args.kv_mb or (2.0 if dry else 256.0)
-    sessions, tokens = args.sessions or (4 if dry else 64), args.tokens or (8 if dry else 128)
-    chars = 60 if dry else 400  # characters per session of the whole-file step (byte tokens)
-    report = {
-        "environment": harness.environment(),
-        "command": harness.command_line(),
-        "mode": "cpu dry run" if dry else "gpu",
-        "torch": torch.__version__,
-        "device_name": torch.cuda.get_device_name() if not dry else "cpu",
-        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "model_shape": shape,
-    }
-    # Cheap steps first, the whole-file ones last and in two parts: a run cut off by the
-    # device's time limit keeps what finished (both reports are rewritten after each step).
-    steps = [
-        ("entropy", lambda: entropy(device, mb)),
-        ("tables", lambda: tables(DeviceRows(shape, "cpu"), device, 16 if dry else 256)),
-        (
-            "portable",
-            lambda: portable_forward(
-                shape, device, 16 if dry else 256, 4 if dry else 24, (2,) if dry else (8, 64)
-            ),
-        ),
-        ("files", lambda: whole_files(device, shape, (1,) if dry else (1, 8), chars)),
-        ("canonical", lambda: canonical_on_device(shape, device, 16 if dry else 256)),
-        ("token_coder", lambda: token_coder(shape, device, sessions, tokens)),
-        ("files_many", lambda: whole_files(device, shape, (2,) if dry else (32,), chars)),
-    ]
+    report_path = args.out / "gpu_check.json"
+    merging = bool(args.only or args.record) and report_path.exists()
+    report = json.loads(report_path.read_text()) if merging else {}
+    report.update(
+        environment=harness.environment(),
+        command=harness.command_line(),
+        mode="cpu dry run" if dry else "gpu",
+        torch=torch.__version__,
+        device_name=torch.cuda.get_device_name() if not dry else "cpu",
+        cuda_matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+        model_shape=shape,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, step in steps:
+    if args.record:
+        step, _, message = args.record.partition("=")
+        report[step] = {"error": message}
+        _write(args.out, report)
+        return report
+    steps = args.only.split(",") if args.only else list(STEPS)
+    for name in steps:
         print(f"gpu_check: {name}", flush=True)
         start = time.perf_counter()
         try:
-            report[name] = step()
+            report[name] = run_step(name, args, dry, device, shape)
         except Exception as exc:  # one failed step must not lose the others' results
             report[name] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
             print(f"gpu_check: {name} failed: {report[name]['error']}", flush=True)
         report[f"{name}_seconds"] = time.perf_counter() - start
-        harness.write_text(args.out / "gpu_check.json", json.dumps(report, indent=2))
-        harness.write_text(args.out / "gpu_check.md", markdown(report))  # a cut-off run keeps both
+        _write(args.out, report)  # a run cut off by the device's time limit keeps both
+    if args.only and not (args.json or args.append):
+        return report  # one step of gpu_check.sh: the script prints the report's end once
     harness.publish(report, markdown(report), args.json, args.append)
     return report
+
+
+def _write(out: Path, report: dict) -> None:
+    harness.write_text(out / "gpu_check.json", json.dumps(report, indent=2))
+    harness.write_text(out / "gpu_check.md", markdown(report))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@ For 1, 8 and 32 sessions (a shared system prompt, then each its own text) of a r
 model with the embedded model's shape (no weights need to be on the machine):
 
 * capture on each device: the K/V tensors must be equal (the portable forward);
-* compress on each device, trie and flat layouts and `--parallel 4`, with SOURCE_DATE_EPOCH
-  fixed: the files must be byte-identical;
-* decompress the CPU's file on the device (and, for one session, the device's on the CPU):
-  K/V equal to the capture;
+* compress on each device, trie and flat layouts, `--parallel 4` and the per-vector codecs
+  `lossless` and `turbo3` (whose entropy streams the device side codes with the CUDA kernels:
+  SEQKV_ENTROPY_GPU_MIN_SYMBOLS=0 sends every stream there, however short), with
+  SOURCE_DATE_EPOCH fixed: the files must be byte-identical;
+* decompress the CPU's file on the device (and, for one session and for `lossless`, the
+  device's on the CPU): K/V equal to the capture (`turbo3`, lossy: the device's restore equal
+  to the CPU's);
 * decode speed (restored tokens/s of `decompress`, process start and model load included).
 
 Runs as a step of bench/gpu_check.py (imported by it); `--cpu-dry-run` uses the CPU twice,
@@ -77,6 +80,8 @@ def seqkv(*args, device: str) -> float:
     """Run `python -m seqkv_cli ARGS --device DEVICE`; its wall seconds (fails loudly)."""
     # SEQKV_CACHE: fingerprints go next to the run (and platformdirs is not needed).
     env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "SEQKV_CACHE": str(CACHE)}
+    if device != "cpu":  # every entropy stream of a per-vector codec on the GPU kernels
+        env["SEQKV_ENTROPY_GPU_MIN_SYMBOLS"] = "0"
     env["_TYPER_STANDARD_TRACEBACK"] = "1"  # a plain traceback: its last line names the error
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "codecs"), env.get("PYTHONPATH", "")]
@@ -119,6 +124,8 @@ def one_count(work: Path, model: Path, count: int, chars: int, devices: tuple[st
     if count <= 8:
         variants["flat"] = ["--layout", "flat"]
         variants["parallel-4"] = ["--layout", "flat", "--parallel", "4"]
+        variants["lossless"] = ["--codec", "lossless"]
+        variants["turbo3"] = ["--codec", "turbo3"]
     for name, extra in variants.items():
         files = {}
         for d in devices:
@@ -128,7 +135,16 @@ def one_count(work: Path, model: Path, count: int, chars: int, devices: tuple[st
                   device=d)  # fmt: skip
         row[f"{name}_bytes_identical"] = files[cpu].read_bytes() == files[dev].read_bytes()
         row[f"{name}_bytes"] = files[cpu].stat().st_size
-        crossings = [(cpu, dev)] + ([(dev, cpu)] if count == 1 and name == "trie" else [])
+        if name == "turbo3":  # lossy: the device's restore must equal the CPU's, bit for bit
+            outs = {}
+            for d in devices:
+                outs[d] = work / f"{name}-{cpu}-on-{d}"
+                seqkv("decompress", files[cpu], "-o", outs[d], "--model", model, device=d)
+            row[f"{name}_{cpu}_file_on_{dev}_restores_capture"] = same_tensors(outs[cpu], outs[dev])
+            continue
+        # per-vector files decode fast on the CPU too: those cross both ways
+        both = (count == 1 and name == "trie") or name == "lossless"
+        crossings = [(cpu, dev)] + ([(dev, cpu)] if both else [])
         for src, dst in crossings:
             out = work / f"{name}-{src}-on-{dst}"
             seconds = seqkv("decompress", files[src], "-o", out, "--model", model, device=dst)
@@ -174,15 +190,16 @@ def markdown(result: dict) -> list[str]:
         f"(SOURCE_DATE_EPOCH fixed; random weights of shape {result['shape']}).",
         "",
         "| sessions | tokens | capture K/V equal | trie bytes identical | flat bytes identical "
-        "| parallel-4 bytes identical | cross-device restores equal | trie tokens/s cpu "
-        f"| trie tokens/s {dev} |",
-        "|" + " --- |" * 9,
+        "| parallel-4 bytes identical | lossless bytes identical | turbo3 bytes identical "
+        f"| cross-device restores equal | trie tokens/s cpu | trie tokens/s {dev} |",
+        "|" + " --- |" * 11,
     ]
     for r in result["rows"]:
         cross = all(v for k, v in r.items() if k.endswith("_restores_capture"))
         cells = [f"{r['sessions']}", f"{r['tokens']:,}", _yes(r["capture_tensors_identical"])]
         cells += [
-            _flag(r.get(f"{name}_bytes_identical")) for name in ("trie", "flat", "parallel-4")
+            _flag(r.get(f"{name}_bytes_identical"))
+            for name in ("trie", "flat", "parallel-4", "lossless", "turbo3")
         ]
         cells += [_yes(cross), _rate(r["trie_tokens_per_s_on_cpu"])]
         cells.append(_rate(r[f"trie_tokens_per_s_on_{dev}"]))

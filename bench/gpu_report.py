@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+# the steps of bench/gpu_check.py, in the order it runs them (here: the report lists what
+# did not run, and gpu_check imports this module)
+STEPS = (
+    "entropy_identity",
+    "entropy_speed",
+    "entropy_crossover",
+    "files",
+    "portable",
+    "tables",
+    "canonical",
+    "files_many",
+    "token_coder",
+)
+
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "**NO**"
@@ -10,25 +24,8 @@ def _yes(flag: bool) -> str:
 def markdown(r: dict) -> str:
     failed = {k: v["error"] for k, v in r.items() if isinstance(v, dict) and "error" in v}
     r = {k: v for k, v in r.items() if k not in failed}
-    lines = [
-        f"## GPU check ({r['mode']}) — {r['device_name']}, torch {r['torch']}",
-        "",
-        "Entropy coder: numpy on CPU vs torch on the device, same symbols and lanes "
-        "(K/V-shaped bf16 byte planes).",
-        "",
-        "| plane | symbols | lanes | bits/symbol | bytes identical | device decodes CPU stream "
-        "| CPU decodes device stream | device round trip | CPU numpy enc GB/s | device enc GB/s "
-        "| device dec GB/s |",
-        "|" + " --- |" * 11,
-    ]
-    for e in r.get("entropy", []):
-        lines.append(
-            f"| {e['plane']} | {e['symbols']:,} | {e['lanes']:,} | {e['bits_per_symbol']:.3f} "
-            f"| {_yes(e['bytes_identical'])} | {_yes(e['device_decodes_cpu_stream'])} "
-            f"| {_yes(e['cpu_decodes_device_stream'])} | {_yes(e['device_round_trip'])} "
-            f"| {e['cpu_numpy_encode_GBps']:.3f} | {e['device_encode_GBps']:.3f} "
-            f"| {e['device_decode_GBps']:.3f} |"
-        )
+    lines = [f"## GPU check ({r['mode']}) — {r['device_name']}, torch {r['torch']}", ""]
+    lines += _entropy(r)
     lines += [
         "",
         "Token-coder frequency tables: `frequencies_from_logits` (numpy, CPU) vs "
@@ -79,4 +76,115 @@ def markdown(r: dict) -> str:
             lines += files_markdown(r[step])
     seconds = ", ".join(f"{k[:-8]} {v:.0f} s" for k, v in r.items() if k.endswith("_seconds"))
     lines += [f"\nStep `{k}` failed: {v}" for k, v in failed.items()]
-    return "\n".join([*lines, "", f"Time per step: {seconds}.", ""])
+    skipped = {
+        k: v["skipped"]
+        for k, v in r.items()
+        if isinstance(v, dict) and "skipped" in v and not k.startswith("files")  # says it itself
+    }
+    lines += [f"\nStep `{k}` skipped: {v}" for k, v in skipped.items()]
+    lines += ["", f"Time per step: {seconds}.", "", *next_steps(r, failed)]
+    return "\n".join([*lines, ""])
+
+
+DECODE_TARGET, ENCODE_TARGET = 100.0, 50.0  # GB/s on 256 MB of byte planes (issue 39)
+
+
+def _entropy(r: dict) -> list[str]:
+    lines = []
+    ident = r.get("entropy_identity")
+    if ident and "streams" in ident:
+        lines += [
+            f"Entropy kernels ({ident['kernel']}) against the numpy coder: "
+            f"{ident['identical']} of {ident['streams']} streams identical both ways "
+            f"({ident['symbols']:,} symbols, largest {ident['largest']:,}; "
+            f"{ident.get('decoded_on_cpu', 0)} with too many lanes for the GPU decoded by numpy).",
+            "",
+        ]
+        lines += [f"- FAILED {f['case']}: {', '.join(f['failed'])}" for f in ident["failures"]]
+    rows = (r.get("entropy_speed") or {}).get("rows", [])
+    if rows:
+        lines += [
+            "Entropy kernels on bf16 K/V byte planes (GB/s of symbols; device-resident kernels,"
+            " then host to host; numpy on this machine's CPU):",
+            "",
+            "| plane | symbols | lanes | steps | bits/symbol | identical | GPU enc | GPU dec "
+            "| dec µs/step | e2e enc | e2e dec | numpy enc | numpy dec | first call s |",
+            "|" + " --- |" * 14,
+        ]
+        for e in rows:
+            same = e["bytes_identical"] and e["gpu_decodes_exactly"]
+            fell = " (numpy: too many lanes)" if e.get("decode_fell_back_to_cpu") else ""
+            lines.append(
+                f"| {e['plane']} | {e['symbols']:,} | {e['lanes']:,} | {e['steps']:,} "
+                f"| {e['bits_per_symbol']:.3f} | {_yes(same and e['cpu_decodes_gpu_stream'])} "
+                f"| {e['gpu_encode_GBps']:.1f} | {e['gpu_decode_GBps']:.1f}{fell} "
+                f"| {e['gpu_decode_us_per_step']:.2f} | {e['gpu_end_to_end_encode_GBps']:.2f} "
+                f"| {e['gpu_end_to_end_decode_GBps']:.2f} | {e['cpu_numpy_encode_GBps']:.3f} "
+                f"| {e['cpu_numpy_decode_GBps']:.3f} | {e['first_call_s']:.1f} |"
+            )
+        lines.append("")
+    cross = r.get("entropy_crossover") or {}
+    if cross.get("rows"):
+        lines += [
+            "Host to host, per-vector lane count (ms): where the GPU starts to pay.",
+            "",
+            "| symbols | lanes | numpy enc | GPU enc | numpy dec | GPU dec |",
+            "|" + " --- |" * 6,
+        ]
+        for c in cross["rows"]:
+            lines.append(
+                f"| {c['symbols']:,} | {c['lanes']:,} | {c['cpu_encode_ms']:.2f} "
+                f"| {c['gpu_encode_ms']:.2f} | {c['cpu_decode_ms']:.2f} "
+                f"| {c['gpu_decode_ms']:.2f} |"
+            )
+        lines += ["", f"GPU faster both ways from {cross['gpu_pays_from_symbols']} symbols.", ""]
+    return lines
+
+
+def next_steps(r: dict, failed: dict) -> list[str]:
+    """What to run or change next, from what this report holds."""
+    out = ["### Next", ""]
+    missing = [s for s in STEPS if s not in r and s not in failed]
+    redo = [*failed, *missing]
+    if redo:
+        out.append(
+            f"- Run again what failed or did not run ({', '.join(redo)}): "
+            f'`bash bench/gpu_check.sh "$OUT" --only={",".join(redo)}`.'
+        )
+    ident = r.get("entropy_identity") or {}
+    if ident.get("failures"):
+        out.append(
+            "- The kernels differ from numpy: reproduce on the CPU with "
+            "`pytest tests/codecs/test_entropy_kernel.py` (the kernel source, the simulator); a "
+            "failure only on the GPU with several decode blocks points at the cross-block "
+            "offsets in cuda_kernels.decode (the simulator runs one block)."
+        )
+    rows = (r.get("entropy_speed") or {}).get("rows", [])
+    if rows:
+        dec = max(
+            (e["gpu_decode_GBps"] for e in rows if not e.get("decode_fell_back_to_cpu")),
+            default=0.0,
+        )
+        enc = max(e["gpu_encode_GBps"] for e in rows)
+        verdict = "met" if dec >= DECODE_TARGET and enc >= ENCODE_TARGET else "NOT met"
+        out.append(
+            f"- Targets (decode >= {DECODE_TARGET:.0f}, encode >= {ENCODE_TARGET:.0f} GB/s): "
+            f"{verdict} (best decode {dec:.1f}, encode {enc:.1f} GB/s on {r['device_name']})."
+        )
+        if dec < DECODE_TARGET:
+            out.append(
+                "- Decode is bound by one grid barrier per step (column dec µs/step x steps): "
+                "fewer steps (more lanes) or a stream version with per-block word runs "
+                "(docs/ENTROPY_STREAM.md, 'On a GPU') is the way past it."
+            )
+    cross = r.get("entropy_crossover") or {}
+    if cross.get("gpu_pays_from_symbols"):
+        out.append(
+            f"- Set `GPU_MIN_SYMBOLS = {cross['gpu_pays_from_symbols']}` in "
+            "codecs/seqkv_codecs/entropy/placement.py (now a CPU-side estimate)."
+        )
+    out.append(
+        "- Put the numbers, with the device's name, in docs/BENCHMARKS.md and "
+        "docs/ENTROPY_STREAM.md ('On a GPU'), and the JSON in bench/results/."
+    )
+    return out

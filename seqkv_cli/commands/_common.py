@@ -74,8 +74,11 @@ def handle_errors(func):
                 if "device" not in kwargs:
                     return func(*args, **kwargs)
                 from seqkv_cli.runtime.devices import using
+                from seqkv_codecs.entropy.placement import on_device
 
-                with using(kwargs["device"]):  # for this command only (tests run many in-process)
+                # for this command only (tests run many in-process); long entropy streams
+                # follow the model onto a GPU (the same bytes, docs/ENTROPY_STREAM.md)
+                with using(kwargs["device"]) as dev, on_device(str(dev)):
                     return func(*args, **kwargs)
         except (SeqkvError, CodecError) as exc:
             err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)

@@ -241,7 +241,9 @@ def test_contention(model, tmp_path):
 def test_gpu_check_cpu_dry_run(tmp_path):
     out = run_bench("gpu_check", ["--cpu-dry-run", "--out", str(tmp_path / "gpu")], tmp_path)
     assert out["mode"] == "cpu dry run" and (tmp_path / "gpu" / "gpu_check.md").exists()
-    assert all("error" not in out[k] for k in ("entropy", "tables", "token_coder"))
+    steps = ("entropy_identity", "entropy_speed", "tables", "token_coder")
+    assert all("error" not in out[k] for k in steps)
+    assert out["entropy_identity"]["identical"] == 3
 
 
 @pytest.mark.slow

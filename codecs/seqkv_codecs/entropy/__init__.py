@@ -1,19 +1,23 @@
-"""Static entropy coding of integer symbols: lane-interleaved rANS, numpy and torch backends.
+"""Static entropy coding of integer symbols: lane-interleaved rANS on the CPU or a GPU.
 
-Both backends write identical bytes (docs/ENTROPY_STREAM.md); ``backend`` only chooses where the
-work runs. Importing this package does not import torch.
+Every backend writes identical bytes (docs/ENTROPY_STREAM.md); ``backend`` only chooses where
+the work runs: ``"numpy"`` (the CPU coder), ``"cuda"`` (numba CUDA kernels, `rans_cuda`),
+``"torch"`` (the numpy coder as torch ops, any torch device) or ``"auto"`` (the CUDA kernels
+for long streams when `placement` has a CUDA device selected, else numpy). Importing this
+package imports neither torch nor numba.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from seqkv_codecs.entropy import rans_numpy, stream
+from seqkv_codecs.entropy import placement, rans_numpy, stream
 from seqkv_codecs.entropy.rans_torch import decode_symbols_torch, encode_symbols_torch
+from seqkv_codecs.errors import CodecError
 
 __all__ = ["decode_symbols", "decode_symbols_torch", "encode_symbols", "encode_symbols_torch"]
 
-_BACKENDS = ("numpy", "torch")
+_BACKENDS = ("numpy", "torch", "cuda", "auto")
 _COUNT_CHUNK = 1 << 20  # bincount converts to intp; chunks keep that copy in cache
 
 
@@ -31,6 +35,18 @@ def encode_symbols(
     from the stream.
     """
     _check_backend(backend, device)
+    if backend == "auto":
+        backend = placement.backend_for(np.size(symbols))
+        if backend == "cuda":
+            try:
+                return _encode_cuda(symbols, alphabet_size, placement.device(), lanes)
+            except (CodecError, ValueError, TypeError):
+                raise
+            except Exception as exc:  # the kernels cannot run here; numpy gives the same bytes
+                placement.gpu_failed(f"{type(exc).__name__}: {exc}")
+                backend = "numpy"
+    if backend == "cuda":
+        return _encode_cuda(symbols, alphabet_size, device, lanes)
     alphabet_size = stream.check_alphabet(alphabet_size)
     symbols = np.asarray(symbols)
     if symbols.ndim != 1 or not np.issubdtype(symbols.dtype, np.integer):
@@ -77,6 +93,18 @@ def decode_symbols(
     when the data is untrusted and the expected length is known.
     """
     _check_backend(backend, device)
+    if backend == "auto":
+        backend = placement.backend_for(stream.symbol_count(data))
+        if backend == "cuda":
+            try:
+                return _decode_cuda(data, placement.device(), max_symbols)
+            except CodecError:
+                raise
+            except Exception as exc:  # the kernels cannot run here; numpy gives the same symbols
+                placement.gpu_failed(f"{type(exc).__name__}: {exc}")
+                backend = "numpy"
+    if backend == "cuda":
+        return _decode_cuda(data, device, max_symbols)
     if backend == "torch":
         return decode_symbols_torch(data, device or "cpu", max_symbols=max_symbols).cpu().numpy()
     parsed = stream.unpack(data, max_symbols)
@@ -89,8 +117,27 @@ def decode_symbols(
     )
 
 
+def _encode_cuda(
+    symbols: np.ndarray, alphabet_size: int, device: str | None, lanes: int | None
+) -> bytes:
+    from seqkv_codecs.entropy.rans_cuda import encode_symbols_cuda
+
+    return encode_symbols_cuda(symbols, alphabet_size, lanes=lanes, device=device)
+
+
+def _decode_cuda(
+    data: bytes | memoryview, device: str | None, max_symbols: int | None
+) -> np.ndarray:
+    from seqkv_codecs.entropy.rans_cuda import decode_symbols_cuda
+
+    return decode_symbols_cuda(data, max_symbols=max_symbols, device=device).copy_to_host()
+
+
 def _check_backend(backend: str, device: str | None) -> None:
     if backend not in _BACKENDS:
         raise ValueError(f"unknown entropy backend {backend!r}; choose one of {_BACKENDS}")
-    if backend == "numpy" and device not in (None, "cpu"):
-        raise ValueError(f"device={device!r} needs backend='torch'; the numpy backend runs on CPU")
+    if backend in ("numpy", "auto") and device not in (None, "cpu"):
+        raise ValueError(
+            f"device={device!r} needs backend='torch' or 'cuda'; the numpy backend runs on CPU"
+            " (and 'auto' follows entropy.placement)"
+        )

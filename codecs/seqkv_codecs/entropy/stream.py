@@ -59,6 +59,13 @@ def check_range(low: int, high: int, alphabet_size: int) -> None:
         )
 
 
+def symbol_count(data: bytes | memoryview) -> int:
+    """The symbol count a stream's header claims (0 if it is too short to have a header):
+    enough to choose where to decode it; `unpack` checks it."""
+    data = memoryview(data).cast("B")
+    return HEADER.unpack_from(data)[5] if len(data) >= HEADER.size else 0
+
+
 def default_lanes(n: int) -> int:
     """Lanes for ``n`` symbols: ~512 symbols per lane, at most 16384 lanes unless n needs more."""
     return max(1, min(DEFAULT_MAX_LANES, n // SYMBOLS_PER_LANE), -(-n // MAX_STEPS))

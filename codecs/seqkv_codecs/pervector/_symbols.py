@@ -28,7 +28,8 @@ def pack_symbols(symbols: np.ndarray, alphabet_size: int) -> bytes:
     from seqkv_codecs.entropy import encode_symbols  # lazy: keeps `import seqkv_codecs` light
 
     flat = np.ascontiguousarray(symbols).reshape(-1)
-    return part(encode_symbols(flat, alphabet_size, lanes=lanes_for(flat.size)))
+    # "auto": the GPU for long streams when one is selected (entropy.placement); same bytes
+    return part(encode_symbols(flat, alphabet_size, lanes=lanes_for(flat.size), backend="auto"))
 
 
 def unpack_symbols(
@@ -44,7 +45,8 @@ def unpack_symbols(
 
     payload = reader.part()
     try:
-        symbols = decode_symbols(payload, max_symbols=count if count is not None else max_count)
+        limit = count if count is not None else max_count
+        symbols = decode_symbols(payload, max_symbols=limit, backend="auto")
     except CorruptStreamError:
         raise
     except (ValueError, TypeError, IndexError, OverflowError) as exc:
