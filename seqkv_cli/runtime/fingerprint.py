@@ -44,20 +44,25 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()
 
 
-def weights_digest(model) -> str:
+def weights_digest(model, store=None) -> str:
+    """SHA-256 over every tensor of the state dict as fp32 bytes, by sorted name. A weight
+    held in ``store`` (a `checkpoint.WeightStore`) is hashed as its fp32 values, a bounded
+    chunk at a time: the digest of the same model loaded in fp32."""
     import torch
 
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(model.state_dict(keep_vars=True).items()):
+        if store is not None and store.update_digest(h, name, tensor):
+            continue
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 
-def model_fingerprint(model, tok_fp: str) -> str:
+def model_fingerprint(model, tok_fp: str, store=None) -> str:
     h = hashlib.sha256()
-    for part in (config_digest(model.config), weights_digest(model), tok_fp):
+    for part in (config_digest(model.config), weights_digest(model, store), tok_fp):
         h.update(part.encode())
     return h.hexdigest()
 

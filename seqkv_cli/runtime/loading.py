@@ -12,7 +12,7 @@ from pathlib import Path
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import atomic_path
 from seqkv_cli.runtime import fingerprint as fp
-from seqkv_cli.runtime.gguf import converted_gguf_folder, one_line
+from seqkv_cli.runtime.gguf import one_line
 from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes
 from seqkv_cli.runtime.paths import cache_root
 
@@ -21,9 +21,14 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 @dataclass
 class LoadedModel(ShapeAttributes):
-    """A causal LM in fp32 eval mode plus what identifies it."""
+    """A causal LM in eval mode plus what identifies it.
 
-    model: object
+    A model seqkv loaded itself holds its linear and embedding weights in ``weights`` (a
+    `checkpoint.WeightStore`, at the checkpoint's width) and meta tensors in their place;
+    everything else in the module is fp32. The portable forward reads the store; the
+    ordinary transformers paths take `fp32_model()`."""
+
+    module: object  # the transformers model; meta tensors where `weights` holds the weights
     tokenizer: object
     name: str
     source: str
@@ -32,10 +37,26 @@ class LoadedModel(ShapeAttributes):
     tokenizer_fingerprint: str
     folder: Path | None = None
     extra: dict = field(default_factory=dict)
+    weights: object = None  # checkpoint.WeightStore | None (a user's model object: None)
+
+    def fp32_model(self):
+        """The model with fp32 weights in its modules, as transformers loads it in float32
+        (made from the stored weights on the first call: 4 bytes a weight from then on)."""
+        if self.weights is not None and self.weights.emptied:
+            from seqkv_cli.runtime.devices import model_device
+
+            self.weights.fp32_model(self.module, model_device(self.module))
+        return self.module
+
+    @property
+    def model(self):
+        """`fp32_model()`: what the ordinary transformers paths (and a user) run. seqkv's
+        own canonical forward reads `module` and `weights` instead, and never makes it."""
+        return self.fp32_model()
 
     @property
     def config(self):
-        return self.model.config
+        return self.module.config
 
     @property
     def shape(self) -> ModelShape:
@@ -48,7 +69,7 @@ class LoadedModel(ShapeAttributes):
             "kind": self.kind,
             "fingerprint": self.fingerprint,
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
-            "architecture": type(self.model).__name__,
+            "architecture": type(self.module).__name__,
             "layers": self.num_layers,
             "kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
@@ -63,16 +84,18 @@ def load_model(spec: str | None = None, *, progress=None) -> LoadedModel:
     from seqkv_cli.runtime.devices import place
 
     lm = _load(spec, progress)
-    place(lm.model)  # after fingerprinting: the weights were hashed on the CPU
-    return lm
+    place(lm.module)  # after fingerprinting: the weights were hashed on the CPU (stored
+    return lm  # weights stay there: the portable forward moves what it multiplies)
 
 
 def _load(spec: str | None, progress) -> LoadedModel:
     if not spec:
-        from seqkv_cli.runtime.embedded import EMBEDDED_NAME, embedded_model_path
+        from seqkv_cli.runtime.embedded import EMBEDDED_NAME, embedded_gguf
 
-        folder = embedded_model_path(progress=progress)
-        return _from_folder(folder, name=EMBEDDED_NAME, kind="embedded", source="embedded")
+        path = embedded_gguf(progress=progress)
+        return _from_gguf_file(
+            path, progress, name=EMBEDDED_NAME, kind="embedded", source="embedded"
+        )
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -81,7 +104,7 @@ def _load(spec: str | None, progress) -> LoadedModel:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise SeqkvError(f"not a model: {spec} (expected a model folder or a .gguf file)")
-        return _from_gguf_file(path, progress)
+        return _from_gguf_file(path, progress, name=path.stem, kind="gguf", source=str(path))
     if _HUB_ID.match(spec) and not spec.endswith(".gguf"):
         return _from_hub(spec)
     raise SeqkvError(f"no such model file or folder: {spec}")
@@ -181,22 +204,30 @@ def _tokenizer_beside(name_or_path: str):
         return None
 
 
-def _from_gguf_file(path: Path, progress) -> LoadedModel:
-    # Converted once into the cache, keyed by the file's content hash, like the embedded model.
-    target = converted_gguf_folder(path, progress=progress)
-    return _from_folder(target, name=path.stem, kind="gguf", source=str(path))
+def _from_gguf_file(path: Path, progress, *, name: str, kind: str, source: str) -> LoadedModel:
+    # Its metadata (config, tokenizer, tensor table) is read once into the cache, keyed by
+    # the file's content hash; the weights are read from the file at its own width.
+    from seqkv_cli.runtime.gguf import load_gguf
+
+    model, tok, store, folder = load_gguf(path, progress=progress)
+    model_fp, tok_fp = _cached_fingerprints(folder, model, tok, store)
+    return LoadedModel(model, tok, name, source, kind, model_fp, tok_fp, folder, weights=store)
 
 
 def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from seqkv_cli.runtime.checkpoint.folder import load_folder
 
     try:
         tok = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+        model, store = load_folder(folder)
+    except SeqkvError:
+        raise
     except Exception as exc:
         raise SeqkvError(f"could not load model from {folder}: {one_line(exc)}") from exc
-    model_fp, tok_fp = _cached_fingerprints(folder, model, tok)
-    return LoadedModel(model, tok, name, source, kind, model_fp, tok_fp, folder=folder)
+    model_fp, tok_fp = _cached_fingerprints(folder, model, tok, store)
+    return LoadedModel(model, tok, name, source, kind, model_fp, tok_fp, folder, weights=store)
 
 
 def _from_hub(repo_id: str) -> LoadedModel:
@@ -227,7 +258,7 @@ def _from_hub(repo_id: str) -> LoadedModel:
     )
 
 
-def _cached_fingerprints(folder: Path, model, tok) -> tuple[str, str]:
+def _cached_fingerprints(folder: Path, model, tok, store=None) -> tuple[str, str]:
     cache = cache_root() / "fingerprints" / (fp.folder_cache_key(folder) + ".json")
     if cache.exists():
         try:
@@ -236,7 +267,7 @@ def _cached_fingerprints(folder: Path, model, tok) -> tuple[str, str]:
         except (ValueError, KeyError):
             pass  # damaged cache entry: recompute
     tok_fp = fp.tokenizer_fingerprint(tok)
-    model_fp = fp.model_fingerprint(model, tok_fp)
+    model_fp = fp.model_fingerprint(model, tok_fp, store)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(cache) as tmp:
         tmp.write_text(json.dumps({"model": model_fp, "tokenizer": tok_fp}))
