@@ -62,10 +62,16 @@ class MemoryArchive:
         self._coder = resolve_codec(config)
         self._lm = resolve_model(model, tokenizer=tokenizer)
         # Replay runs the user's own object (their dtype, device, attention), not seqkv's copy.
-        self._runner = model if hasattr(model, "state_dict") else self._lm.model
+        self._own_model = model if hasattr(model, "state_dict") else None
         self._closed = False
         if self.path.is_file():
             self._check_existing()
+
+    @property
+    def _runner(self):
+        """What a replay record is run with: the user's own model object, or seqkv's loaded
+        model with its fp32 weights (made only when a replay needs them)."""
+        return self._own_model if self._own_model is not None else self._lm.fp32_model()
 
     @property
     def lm(self):

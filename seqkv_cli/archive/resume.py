@@ -22,10 +22,11 @@ def continue_from(lm, capture, prompt: str, max_new_tokens: int) -> list[int]:
         capture = _drop_last(capture)
     from seqkv_cli.runtime.devices import model_device
 
-    on = model_device(lm.model)
+    model = lm.fp32_model()  # generation runs transformers' own code on fp32 weights
+    on = model_device(model)
     cache = to_dynamic_cache(capture, dtype=torch.float32, device=on)
     with torch.no_grad():
-        out = lm.model.generate(
+        out = model.generate(
             ids[None].to(on),
             attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=on),
             cache=cache,

@@ -30,7 +30,7 @@ def info_command(model: ModelOption = None) -> None:
 
     from seqkv_cli.runtime.numerics import support
 
-    for path, verdict in support(lm.model).items():
+    for path, verdict in support(lm.module, lm.weights).items():
         table.add_row(f"numerics {path}", escape(verdict))
     console.print(table)
 

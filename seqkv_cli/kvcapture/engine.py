@@ -129,10 +129,17 @@ def canonical_model(lm, numerics: str | None = None):
     """The canonical forward of a loaded model on `numerics`, built once per LoadedModel."""
     from seqkv_cli.runtime.numerics import DEFAULT, build_canonical
 
+    from seqkv_cli.runtime.numerics import PORTABLE_PATHS
+
     path = numerics or DEFAULT
     key = f"canonical:{path}"
     if key not in lm.extra:
-        lm.extra[key] = build_canonical(lm.model, path)
+        # The portable path reads the weights where the checkpoint's width holds them; the
+        # legacy one multiplies the module's fp32 tensors.
+        if path in PORTABLE_PATHS:
+            lm.extra[key] = build_canonical(lm.module, path, lm.weights)
+        else:
+            lm.extra[key] = build_canonical(lm.fp32_model(), path)
     return lm.extra[key]
 
 
@@ -144,10 +151,11 @@ def _transformers(lm, ids, on_progress):
     from seqkv_cli.runtime.hfcompat import forward_with_cache
 
     cache = DynamicCache()
+    model = lm.fp32_model()
     parts = []
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
-        logits, cache = forward_with_cache(lm.model, chunk[None], cache)
+        logits, cache = forward_with_cache(model, chunk[None], cache)
         nxt = ids[start + 1 : start + 1 + len(chunk)]
         parts.append(surprisal_bits(logits[0, : len(nxt)].float(), nxt))
         if on_progress:

@@ -63,10 +63,10 @@ class Continuation:
     def _greedy(self, cap) -> torch.Tensor:
         from seqkv_cli.runtime.hfcompat import forward_with_cache
 
-        cache = _cache(cap, len(self.ids) - 1, self.lm.model)
+        cache = _cache(cap, len(self.ids) - 1, self.lm.fp32_model())
         nxt, out = self.ids[-1:], []
         for _ in range(self.n):
-            logits, cache = forward_with_cache(self.lm.model, nxt[None], cache)
+            logits, cache = forward_with_cache(self.lm.fp32_model(), nxt[None], cache)
             nxt = logits[0, -1:].argmax(-1)
             out.append(nxt)
         return torch.cat(out)
@@ -77,7 +77,7 @@ class Continuation:
         from seqkv_cli.runtime.hfcompat import forward_with_cache
 
         logits, _ = forward_with_cache(
-            self.lm.model, inputs[None], _cache(cap, upto, self.lm.model)
+            self.lm.fp32_model(), inputs[None], _cache(cap, upto, self.lm.fp32_model())
         )
         return logits[0].float()
 

@@ -69,13 +69,15 @@ def check_path(path: str) -> str:
     return path
 
 
-def build_canonical(hf_model, path: str = DEFAULT):
-    """The canonical forward of `hf_model` on `path` (refuses an unknown path)."""
+def build_canonical(hf_model, path: str = DEFAULT, store=None):
+    """The canonical forward of `hf_model` on `path` (refuses an unknown path). ``store``:
+    the `checkpoint.WeightStore` holding the model's weights, where seqkv loaded it (the
+    legacy path needs them in the module: pass the model after `LoadedModel.fp32_model`)."""
     check_path(path)
     if path in PORTABLE_PATHS:
         from seqkv_cli.runtime.portable.model import PortableLM
 
-        return PortableLM(hf_model, path)
+        return PortableLM(hf_model, path, store)
     from seqkv_cli.runtime.canonical import CanonicalLM, check_row_invariance
     from seqkv_cli.runtime.devices import model_device
 
@@ -94,7 +96,7 @@ def build_canonical(hf_model, path: str = DEFAULT):
     return CanonicalLM(hf_model)
 
 
-def support(hf_model) -> dict[str, str]:
+def support(hf_model, store=None) -> dict[str, str]:
     """Per path: 'yes' or the one-line reason it cannot run `hf_model` here (`model info`).
 
     The portable path is probed for real: 6 tokens prefilled and stepped must agree bit for bit.
@@ -102,7 +104,7 @@ def support(hf_model) -> dict[str, str]:
     out = {}
     for path in PORTABLE_PATHS:
         try:
-            canon = build_canonical(hf_model, path)
+            canon = build_canonical(hf_model, path, store)
             ids = torch.arange(6) % canon.vocab_size
             a, b = canon.new_state(6), canon.new_state(6)
             whole = canon.forward(a, ids)

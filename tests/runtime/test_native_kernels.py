@@ -11,7 +11,6 @@ import torch
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.portable import canary, elementary, exact, kernels
-from seqkv_cli.runtime.portable.weights import QuantizedWeight
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="numba is not installed")
 
@@ -53,48 +52,48 @@ def test_quantize_and_split_match_the_reference(bits, dtype):
         assert torch.equal(_bits(got), _bits(want))
 
 
+def _stored_f32(w: torch.Tensor):
+    from seqkv_cli.runtime.checkpoint import StoredTensor
+
+    return StoredTensor.of_tensor(w.float())
+
+
 def test_products_are_exact_at_the_two_to_the_53_bound():
     """K terms of ±2**b · ±2**b with K · 2**(2b) = 2**53: every partial sum must stay exact."""
     k = 2048
     bits = exact.contraction_bits(k)
+    top = 2**bits - 1  # a row whose peak is 2**bits - 1 quantizes to itself (e = 0)
     assert k * 4**bits <= 2**53
-    top = 2**bits
     w = torch.full((6, k), top, dtype=torch.float64)
     w[1] = -top
     w[2, ::2] = -top
     w[3] = torch.arange(k, dtype=torch.float64) % 7 - 3
-    w[4] = top - 1
-    w[5, :5] = torch.tensor([top, -top, 1.0, -1.0, 0.0])
-    x = torch.stack([w[0], w[2], w[4], -w[4], w[3]])
-    hi, lo = kernels.split_weights(w)
-    assert torch.equal(hi.double() * 256 + lo.double(), w)
-    got = kernels.int_products(x, hi, lo)
+    w[3, 0] = top
+    w[4, :5] = torch.tensor([top, -top, 1.0, -1.0, 0.0])
+    w[5] = top
+    w[5, 1::2] = top - 1
+    x = torch.stack([w[0], w[2], w[5], -w[5], w[3]]) + 1  # |x| up to 2**bits
+    stored = _stored_f32(w)
+    peaks = kernels.stored_peaks(stored)
+    assert torch.equal(kernels.stored_tile(stored, 0, 6, peaks, bits), w)
+    got = kernels.stored_products(x, stored, peaks, bits)
     want = [[sum(int(a) * int(b) for a, b in zip(xr, wr, strict=True)) for wr in w] for xr in x]
     assert got.tolist() == [[float(v) for v in row] for row in want]
-    assert max(abs(v) for row in want for v in row) == 2**53
-
-
-def test_split_weights_narrow_when_they_fit_and_widen_when_not():
-    w = torch.tensor([[2.0**21, -(2.0**21), 255.0, -256.0, -1.0, 0.0]])
-    hi, lo = kernels.split_weights(w)
-    assert hi.dtype == torch.int16 and lo.dtype == torch.uint8
-    assert torch.equal(hi.double() * 256 + lo.double(), w)
-    wide = torch.tensor([[2.0**23, -(2.0**23), 3.0]])  # 23 bits (K <= 128): hi needs int32
-    hi, lo = kernels.split_weights(wide)
-    assert hi.dtype == torch.int32
-    assert torch.equal(hi.double() * 256 + lo.double(), wide)
+    assert max(abs(v) for row in want for v in row) > 2**52
 
 
 @pytest.mark.parametrize("form", [exact.PEAK1, exact.PEAK2, exact.L1])
 def test_a_step_product_is_the_blas_product(form):
+    from seqkv_cli.runtime.checkpoint import WeightStore
+    from seqkv_cli.runtime.portable.weights import StoredRows, WeightCache
+
     g = torch.Generator().manual_seed(4)
     w = torch.randn(300, 576, generator=g)
-    x = torch.randn(3, 576, generator=g) * 10
+    x = torch.randn(40, 576, generator=g) * 10
     x[1, 7] = 3e4  # an outlier channel: the L1 form spends no headroom on it
     bits = exact.right_bits(576, form)
-    weight = QuantizedWeight.of(w, bits)
-    assert weight.ints is not None
-    for rows in (1, 2, 3):
+    weight = StoredRows([_stored_f32(w)], WeightCache(torch.nn.Module(), WeightStore()))
+    for rows in (1, 2, 3, 9, 40):  # steps (one row, several) and tiled BLAS products
         got = weight.product(x[:rows], bits, form)
         with kernels.reference():
             want = exact.fixed_product(x[:rows], bits, *exact.quantize_rows(w, bits), form)
@@ -134,11 +133,12 @@ def test_l1_rows_keep_every_partial_sum_below_two_to_the_53():
 
 
 def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):
-    assert canary.kernels_agree()
-    real = kernels.int_products
-    monkeypatch.setattr(kernels, "int_products", lambda x, hi, lo: real(x, hi, lo) + 1.0)
-    assert not canary.kernels_agree()
+    assert canary.kernels_agree(("f32", "q4_k"))
+    real = kernels.stored_step
+    monkeypatch.setattr(kernels, "stored_step", lambda *a: real(*a) + 1.0)
+    assert not canary.kernels_agree(("f32",))
     monkeypatch.setattr(canary, "_canary_ok", {})
+    monkeypatch.setattr(canary, "_kinds_ok", set())
     with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference") as err:
         canary.run_canary()
     assert "\n" not in str(err.value)
@@ -147,7 +147,7 @@ def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):
 def test_the_reference_switch_turns_every_kernel_off(monkeypatch):
     monkeypatch.setenv(kernels.ENV, "reference")
     assert not kernels.enabled()
-    assert QuantizedWeight.of(torch.randn(4, 8), 20).ints is None
+    assert not kernels.usable(torch.randn(4, 8))
 
 
 def test_the_kernels_exp_has_the_definitions_length():

@@ -15,7 +15,6 @@ import torch
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.portable import elementary, exact, kernels
 from seqkv_cli.runtime.portable.attention import PortableState, attend
-from seqkv_cli.runtime.portable.weights import QuantizedWeight
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -64,17 +63,58 @@ def canary_digest(device=None) -> str:
 _canary_ok: dict[str, bool] = {}  # per device: a GPU is checked on its own kernels
 
 
-def kernels_agree() -> bool:
+def _fixed_stored(kind: str, rows: int, k: int):
+    """A `StoredTensor` of ``kind`` with fixed contents: bytes from integers (every machine
+    makes the same), fp16 block scales kept finite and spread over many binades."""
+    import numpy as np
+
+    from seqkv_cli.runtime.checkpoint import KINDS, StoredTensor
+    from seqkv_cli.runtime.checkpoint.formats import stored_array
+
+    spec = KINDS[kind]
+    i = np.arange(rows * spec.row_bytes(k), dtype=np.int64)
+    raw = ((i * 7919 + (i >> 7) * 104729) % 251).astype(np.uint8).reshape(rows, -1)
+    blocks = raw.reshape(-1, spec.block_bytes)
+    for at in spec.halves:  # exponent field below 31: finite scales of either sign
+        blocks[:, at + 1] &= 0xBF
+    if kind == "f32":
+        raw = ((i[: rows * k] % 4001 - 2000) / 97.0).astype(np.float32).reshape(rows, k)
+    elif kind in ("f16", "bf16"):
+        raw = raw.view(np.uint16) & 0x3FFF  # finite, positive and negative exponents both
+        raw = raw | ((np.arange(raw.size).reshape(raw.shape) % 2) << 15).astype(np.uint16)
+    return StoredTensor(KINDS[kind], stored_array(KINDS[kind], raw), (rows, k))
+
+
+def kernels_agree(kinds: tuple[str, ...] = ("f32",)) -> bool:
     """Whether the native kernels the digest does not reach give the reference's bits here:
-    integer products over split weights at the 2**53 bound (every step's linears) and the
-    attention between its products (every step's softmax). Fixed inputs, like the digest's."""
+    every product over stored weights of ``kinds`` (the decoders, a step's products at the
+    2**53 bound, a prefill's tiles, for every form) and the attention between its products
+    (every step's softmax). Fixed inputs, like the digest's."""
+    from seqkv_cli.runtime.checkpoint import WeightStore
+    from seqkv_cli.runtime.portable.weights import StoredRows, WeightCache
+
     i = torch.arange(4 * 1536, dtype=torch.int64)
     x = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(4, 1536)
-    w = ((i * 104729 % 3001 - 1500).to(torch.float64) / 13.0).float().view(4, 1536)
-    w = torch.cat([w, w.flip(-1), -w, w * 1e-3]).repeat(8, 1)  # (128, 1536), row peaks differ
     forms = (exact.PEAK1, exact.PEAK2, exact.L1)
-    cases = [(n, form, exact.right_bits(1536, form)) for n in (1, 3) for form in forms]
-    got = [QuantizedWeight.of(w, bits).product(x[:n], bits, form) for n, form, bits in cases]
+    cases = [
+        (n, form, exact.right_bits(1536, form))
+        for n in (1, 3, 2 * kernels.MAX_KERNEL_ROWS)
+        for form in forms
+    ]
+    xs = x.repeat(kernels.MAX_KERNEL_ROWS, 1)  # more rows than a step: the tiled product
+    agree = True
+    for kind in sorted(set(kinds)):
+        stored = _fixed_stored(kind, 64, 1536)
+        cache = WeightCache(torch.nn.Module(), WeightStore())
+        got = [StoredRows([stored], cache).product(xs[:n], bits, form) for n, form, bits in cases]
+        with kernels.reference():
+            values = stored.fp32_rows()
+            want = [
+                exact.fixed_product(xs[:n], bits, *exact.quantize_rows(values, bits), form)
+                for n, form, bits in cases
+            ]
+        agree &= all(same_bits(a, b) for a, b in zip(got, want, strict=True))
+        agree &= same_bits(stored.fp32_rows(), values)
     heads, n = 2, 40
     steps = {True: [], False: []}
     for native in (True, False):
@@ -86,26 +126,27 @@ def kernels_agree() -> bool:
                 state.length = n - 1
                 q = x.view(-1)[-4 * 64 :].view(4, 1, 64)  # 4 query heads over 2 KV heads, a step
                 steps[native].append(attend(state, 0, q, 0.125, None, None))
-            if not native:
-                want = [
-                    exact.fixed_product(x[:m], bits, *exact.quantize_rows(w, bits), form)
-                    for m, form, bits in cases
-                ]
-    pairs = zip([*got, *steps[True]], [*want, *steps[False]], strict=True)
-    return all(same_bits(a, b) for a, b in pairs)
+    return agree and all(same_bits(a, b) for a, b in zip(steps[True], steps[False], strict=True))
 
 
-def run_canary(device=None) -> None:
+_kinds_ok: set[str] = set()  # stored kinds whose native kernels were checked here
+
+
+def run_canary(device=None, kinds: tuple[str, ...] = ()) -> None:
     """Refuse, with the check named, where this machine (or device) does not reproduce the
-    definition."""
+    definition; on the CPU, also where a native kernel for weights stored as one of ``kinds``
+    (or the attention's) gives other bits than the reference."""
     where = str(device or "cpu")
     if where not in _canary_ok:
         _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
-        if _canary_ok[where] and where == "cpu" and kernels.enabled() and not kernels_agree():
+    unchecked = tuple(k for k in ("f32", *kinds) if k not in _kinds_ok)
+    if _canary_ok[where] and where == "cpu" and kernels.enabled() and unchecked:
+        if not kernels_agree(unchecked):
             raise SeqkvError(
                 "portable numerics: a native kernel gives other bits than the reference on this "
                 f"machine; set {kernels.ENV}=reference to code and decode without the kernels"
             )
+        _kinds_ok.update(unchecked)
     if not _canary_ok[where]:
         on = "" if where == "cpu" else f" on {where}"
         raise SeqkvError(

@@ -174,27 +174,8 @@ def fixed_product(
 
 
 def native_product(x: torch.Tensor, form: int) -> bool:
-    """Whether `kernel_product` should run ``x @ W.T`` (few rows on a CPU: a step)."""
+    """Whether a native step kernel should run ``x @ W.T`` (few rows on a CPU: a step)."""
     return x[..., 0].numel() * limbs(form) <= kernels.MAX_KERNEL_ROWS and kernels.usable(x)
-
-
-def kernel_product(
-    x: torch.Tensor,
-    bits: int,
-    w: tuple[torch.Tensor, torch.Tensor],
-    ew: torch.Tensor,
-    form: int = PEAK1,
-) -> torch.Tensor:
-    """`fixed_product` with the weight integers as `kernels.split_weights` (hi, lo) (N, K): the
-    same bits, read at three bytes a weight by the native loop (kernels.int_products)."""
-    k = x.shape[-1]
-    rows = x.reshape(-1, k)
-    if form != PEAK2:
-        out = kernels.step_product(kernel_input(rows), bits, form == L1, *w, ew)
-    else:
-        both, ex = kernels.split_stacked(f64(rows)[None], bits)
-        out = kernels.combine(kernels.int_products(both[0], *w)[None], ex, ew, bits)
-    return out.view(*x.shape[:-1], w[0].shape[0])
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, form: int = PEAK1) -> torch.Tensor:

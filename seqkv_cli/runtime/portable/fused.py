@@ -128,7 +128,7 @@ class FusedDecoder:
     @torch.inference_mode()
     def run(self, states, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (batch, seq, vocab) for ids (batch, seq) at positions; writes each row's K/V."""
-        h = torch.nn.functional.embedding(ids, self.base.embed_tokens.weight)
+        h = self.weights.embedding(self.base.embed_tokens.weight, ids)
         cos, sin = self._rotary(positions)
         for layer, block in enumerate(self.base.layers[: self.cfg.num_hidden_layers]):
             x = self._rms_norm(h, block.input_layernorm)

@@ -1,6 +1,6 @@
 """The numba code of `kernels`, compiled on first use (imported by `kernels` only then):
-the products, quantizers, exp and scalings, and the per-value pieces the attention kernels
-(`jitted_attention`) share.
+the quantizers, exp and scalings, and the per-value pieces the attention kernels
+(`jitted_attention`) and the products over stored weights (`jitted_weights`) share.
 
 Module-level functions, not closures: numba's disk cache keys a closure by its cells, and a
 cell holding another jitted function hashes differently in every process (every run would
@@ -22,45 +22,6 @@ EXP_TERMS = 14
 exact_flags = {"cache": True, "nogil": True}
 # Only reassociation: it vectorises an integer-valued sum, which it cannot change.
 sum_flags = {**exact_flags, "fastmath": {"reassoc"}}
-
-
-@njit(**sum_flags)
-def int_dot(x, hi, lo):  # x · W over one weight row: integer terms, exact in any order
-    acc = 0.0
-    for k in range(x.shape[0]):
-        acc += x[k] * (hi[k] * 256.0 + lo[k])  # W exact: |W| <= 2**23
-    return acc
-
-
-@njit(**sum_flags)
-def int_dot2(x0, x1, hi, lo):  # two rows against one weight row (read once, kept in L1)
-    a0 = 0.0
-    a1 = 0.0
-    for k in range(x0.shape[0]):
-        wk = hi[k] * 256.0 + lo[k]
-        a0 += x0[k] * wk
-        a1 += x1[k] * wk
-    return a0, a1
-
-
-@njit(inline="always", **exact_flags)
-def row_products(x, hi, lo, n, out, scale, col):
-    """Every row of x (M, K) against weight row n, two at a time: out[m, n] = the integer
-    sum · (scale[m] · col), powers of two (exact: 1.0 leaves the sum as it is)."""
-    m_rows = x.shape[0]
-    pairs = m_rows - m_rows % 2
-    for m in range(0, pairs, 2):
-        a0, a1 = int_dot2(x[m], x[m + 1], hi[n], lo[n])
-        out[m, n] = a0 * (scale[m] * col)
-        out[m + 1, n] = a1 * (scale[m + 1] * col)
-    if pairs < m_rows:  # an odd last row (a v3 step is one)
-        out[pairs, n] = int_dot(x[pairs], hi[n], lo[n]) * (scale[pairs] * col)
-
-
-def products(x, hi, lo, out):  # x (M, K) f64 integers, W = hi·256 + lo (N, K): the sums
-    ones = np.ones(x.shape[0])
-    for n in prange(hi.shape[0]):
-        row_products(x, hi, lo, n, out, ones, 1.0)
 
 
 # 2**e for every normal exponent: a table lookup vectorises where a libm call would not.
@@ -199,20 +160,6 @@ def combine(s, erow, ecol, bits, out):  # scale(s1, e) + scale(s2, e - bits), e 
             out[h, r, n] = s[h, r, n] * (hi * col[n]) + s[h, rows + r, n] * (lo * col[n])
 
 
-def step_products(x, right, l1, hi, lo, ew, out):
-    """exact.kernel_product for one-integer forms in one call: each row of x (M, K; fp32 or
-    fp64, M small) quantized as exact.quantize_l1 (l1) or quantize_rows, its integer sums
-    with W = hi·256 + lo (N, K), scaled by 2**(ex + ew) as exact.fixed_matmul."""
-    m_rows, k_len = x.shape
-    xq = np.empty((m_rows, k_len))
-    back = np.empty(m_rows)
-    for m in range(m_rows):
-        back[m] = pow2(quantize_row(x[m], right, l1, xq[m]))
-    for n in prange(hi.shape[0]):
-        # 2**(ex + ew) = 2**ex · 2**ew exactly, as combine
-        row_products(xq, hi, lo, n, out, back, pow2(ew[n]))
-
-
 def scale_product(s, erow, ecol, out):  # exact.fixed_matmul's scaling: s (M, N) · 2**(erow+ecol)
     m_rows, n_cols = out.shape
     col = np.empty(n_cols)
@@ -235,11 +182,9 @@ def serial_and_parallel(fn, flags):
 
 
 KERNELS = {
-    "products": serial_and_parallel(products, sum_flags),
     "exp": serial_and_parallel(exp, exact_flags),
     "quantize": serial_and_parallel(quantize, exact_flags),
     "split": serial_and_parallel(split, exact_flags),
     "combine": serial_and_parallel(combine, exact_flags),
     "scale_product": serial_and_parallel(scale_product, exact_flags),
-    "step_products": serial_and_parallel(step_products, exact_flags),
 }

@@ -22,38 +22,18 @@ numba is imported on first use only: `seqkv --help` never pays for it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 
 import numpy as np
 import torch
 
-ENV = "SEQKV_PORTABLE_KERNELS"
+from seqkv_cli.runtime import native
+from seqkv_cli.runtime.native import ENV, enabled, reference  # noqa: F401 (the one switch)
+
 # Rows (activation limbs x sequences) up to which the int32 loop beats fp64 BLAS here: a step
 # (2 limbs) and 8 sibling rows of one token at 1 limb; measured in bench/bench_numerics.py.
 MAX_KERNEL_ROWS = 8
-
-
-_forced_reference = False  # set by `reference()`: the kernel check computes both
-
-
-def enabled() -> bool:
-    """Whether the native kernels run (numba importable and not turned off by `ENV`)."""
-    if _forced_reference or os.environ.get(ENV, "native") == "reference":
-        return False
-    return _numba() is not None
-
-
-@contextlib.contextmanager
-def reference():
-    """Within it, `exact` runs its torch reference (to compare the kernels with it)."""
-    global _forced_reference
-    saved, _forced_reference = _forced_reference, True
-    try:
-        yield
-    finally:
-        _forced_reference = saved
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -61,13 +41,7 @@ def usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" for t in tensors) and enabled()
 
 
-@functools.cache
-def _numba():
-    try:
-        import numba
-    except ImportError:  # an optional speed-up: the reference gives the same bits
-        return None
-    return numba
+_numba = native.numba
 
 
 # Work (multiply-adds or elements) from which a kernel runs on all threads: below it, waking
@@ -107,34 +81,62 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
-def split_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer weights |W| <= 2**23 as ``W = hi · 256 + lo``: hi int16 (int32 beyond 2**22),
-    lo uint8. Three bytes a weight instead of fp64's eight: a step reads that many."""
-    wi = w.to(torch.int32)
-    hi = wi >> 8  # arithmetic shift: floor division, so lo = W - 256·hi is in [0, 255]
-    fits = int(hi.abs().max()) < 2**15 if hi.numel() else True
-    return (hi.to(torch.int16) if fits else hi).contiguous(), (wi & 255).to(torch.uint8)
+def _stored(kind: str, name: str, work: int):
+    """The serial or parallel build of kernel ``name`` for weights held as ``kind``."""
+    global _threads_set
+    serial, parallel = _compiled_kind(kind)[name]
+    n = min(torch.get_num_threads(), _numba().config.NUMBA_NUM_THREADS)
+    if n <= 1 or work < PARALLEL_WORK:
+        return serial
+    if n != _threads_set:
+        _numba().set_num_threads(n)
+        _threads_set = n
+    return parallel
 
 
-def int_products(x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` for integer-valued fp64 x (M, K) and ``W = hi · 256 + lo`` (N, K)
-    (`split_weights`): exact, fp64 (M, N)."""
-    xs = _np(x)
-    out = np.empty((xs.shape[0], hi.shape[0]), dtype=np.float64)
-    _variant("products", out.size * xs.shape[1])(xs, _np(hi), _np(lo), out)
+@functools.cache
+def _compiled_kind(kind: str) -> dict:
+    from seqkv_cli.runtime.portable import jitted_weights
+
+    return jitted_weights.compile_kind(kind)
+
+
+def stored_peaks(stored) -> np.ndarray:
+    """Each row's clamped peak exponent (`exact.quantize_rows`) of a `StoredTensor`, int64 (N,)."""
+    out = np.empty(stored.shape[0], dtype=np.int64)
+    _stored(stored.kind.name, "peaks", stored.shape[0] * stored.shape[1])(
+        stored.raw, stored.shape[1], out
+    )
+    return out
+
+
+def stored_tile(stored, start: int, stop: int, peaks: np.ndarray, bits: int) -> torch.Tensor:
+    """The definition's integers (`exact.quantize_rows` at ``bits``) of rows start..stop of a
+    `StoredTensor`, fp64 (stop - start, K): what a BLAS product multiplies."""
+    out = np.empty((stop - start, stored.shape[1]))
+    _stored(stored.kind.name, "tile", out.size)(stored.raw, start, peaks, bits, out)
     return torch.from_numpy(out)
 
 
-def step_product(
-    x: torch.Tensor, right: int, l1: bool, hi: torch.Tensor, lo: torch.Tensor, ew: torch.Tensor
+def stored_step(
+    x: torch.Tensor, right: int, l1: bool, stored, peaks: np.ndarray, bits: int
 ) -> torch.Tensor:
-    """`exact.kernel_product` of a one-integer form in one native call: x (M, K) quantized
-    against the weights ``W = hi · 256 + lo`` (N, K) of ``right`` bits, scaled by their row
-    exponents ew (N, 1): fp64 (M, N), the same bits."""
+    """`exact.fixed_product` of a one-integer form for few rows, in one native call: x (M, K)
+    quantized against the integers of a `StoredTensor` (N, K) at ``bits``, each made where it
+    is multiplied: fp64 (M, N), the same bits."""
     xs = _np(x)
-    out = np.empty((xs.shape[0], hi.shape[0]), dtype=np.float64)
+    out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
     work = out.size * xs.shape[1]
-    _variant("step_products", work)(xs, right, l1, _np(hi), _np(lo), _np(ew).reshape(-1), out)
+    _stored(stored.kind.name, "step", work)(xs, right, l1, stored.raw, peaks, bits, out)
+    return torch.from_numpy(out)
+
+
+def stored_products(x: torch.Tensor, stored, peaks: np.ndarray, bits: int) -> torch.Tensor:
+    """``x @ W.T`` for integer-valued fp64 x (M, K) and the integers W of a `StoredTensor`
+    at ``bits``: the exact integer sums, fp64 (M, N)."""
+    xs = _np(x)
+    out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
+    _stored(stored.kind.name, "products", out.size * xs.shape[1])(xs, stored.raw, peaks, bits, out)
     return torch.from_numpy(out)
 
 

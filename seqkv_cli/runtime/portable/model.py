@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.checkpoint import WeightStore
 from seqkv_cli.runtime.devices import model_device
 from seqkv_cli.runtime.hfcompat import cache_kwarg
 from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes, text_config
@@ -48,7 +49,9 @@ class PortableLM(ShapeAttributes):
 
     surprisal = staticmethod(portable_surprisal_bits)
 
-    def __init__(self, hf_model, numeric_path: str = exact.NUMERIC_PATH_V3) -> None:
+    def __init__(
+        self, hf_model, numeric_path: str = exact.NUMERIC_PATH_V3, store: WeightStore | None = None
+    ) -> None:
         if numeric_path not in exact.FORMS:
             raise SeqkvError(f"{numeric_path!r} is not a portable numeric path")
         self.numeric_path = numeric_path
@@ -56,7 +59,8 @@ class PortableLM(ShapeAttributes):
         self.model_type = getattr(text_config(hf_model.config), "model_type", "?")
         _refuse_unvetted(hf_model, self.model_type)
         self.device = model_device(hf_model)
-        run_canary(self.device)
+        store = store if store is not None else WeightStore.of_module(hf_model)
+        run_canary(self.device, tuple(store.kinds()))
         _register_attention()
         if next(hf_model.parameters()).dtype != torch.float32:
             raise SeqkvError("portable numerics run fp32 weights; load the model in float32")
@@ -74,7 +78,9 @@ class PortableLM(ShapeAttributes):
                 exact.contraction_bits(self.max_context),
             )
         self.bits = (*kv_bits, exact.MANTISSA - context_bits)
-        self.weights = WeightCache(hf_model)
+        # A model seqkv loaded holds its weights in a store at the checkpoint's width; a
+        # user's model object is read through views of its own fp32 weights.
+        self.weights = WeightCache(hf_model, store)
         self._configs = list({id(c): c for c in _configs(hf_model)}.values())
         self._rotary = self._portable_rotary()
         self.fused = self._fused_decoder()

@@ -103,6 +103,15 @@ def _general_matmul(mode, func, args, kwargs):
     return _matmul(mode, a, b, a.dtype)
 
 
+def _embedding(mode, func, args, kwargs):
+    """A lookup in a stored weight decodes the rows it needs (the module holds a meta tensor
+    in its place); any other table is gathered as it is."""
+    weight, indices = args[0], args[1]
+    if mode.weights.stored(weight) is None:
+        return func(*args, **kwargs)
+    return mode.weights.embedding(weight, indices)
+
+
 def _unary(fn):
     return lambda mode, func, args, kwargs: fn(args[0])
 
@@ -222,7 +231,7 @@ _EXACT_OPS = """
     clone contiguous cat stack detach lift_fresh _to_copy to type_as copy
     arange zeros ones full empty empty_strided new_ones new_zeros new_empty new_full
     new_empty_strided zeros_like ones_like empty_like full_like scalar_tensor fill
-    masked_fill where embedding index index_select gather masked_select nonzero one_hot
+    masked_fill where index index_select gather masked_select nonzero one_hot
     repeat repeat_interleave flip roll triu tril bincount searchsorted
     eq ne lt le gt ge greater less greater_equal less_equal not_equal
     logical_and logical_or logical_not bitwise_and bitwise_or bitwise_not bitwise_xor
@@ -231,6 +240,13 @@ _EXACT_OPS = """
     floor ceil round trunc sign isnan isinf isfinite any all
     _local_scalar_dense item is_nonzero _assert_async sym_size sym_stride sym_numel
 """.split()  # noqa: SIM905 (names grouped by kind, a line each)
+
+# Ops that only look at a tensor's shape (views, aliases): a weight the module holds as a meta
+# tensor may pass through them on its way to a product or a lookup (`mode.PortableMode`).
+VIEW_OPS = frozenset(
+    """view _unsafe_view _reshape_alias reshape t transpose permute expand alias as_strided
+    unsqueeze squeeze slice select detach lift_fresh""".split()  # noqa: SIM905 (a list of names)
+)
 
 OP_POLICY = {
     **dict.fromkeys(_EXACT_OPS, as_is),
@@ -241,6 +257,7 @@ OP_POLICY = {
     "prod": _integer_only,
     "index_put": _index_put,
     "index_add": _index_add,
+    "embedding": _embedding,
     # Replaced by the definition: products, transcendentals, reductions, softmax, sorting.
     "linear": replaced(_linear),
     "matmul": replaced(_general_matmul),
