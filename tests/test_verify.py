@@ -212,76 +212,100 @@ def test_writer_temporaries_carry_host_and_pid_and_dead_ones_are_removed(tmp_pat
     assert not stale.exists() and live.exists()
 
 
-# -- GGUF conversion ------------------------------------------------------------------------
+# -- GGUF metadata cache and the fp32 folder -------------------------------------------------
+
+
+class _Saved:
+    """Stands for a transformers config or tokenizer: save_pretrained writes its text."""
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name, self.text = name, text
+
+    def save_pretrained(self, folder):
+        if self.text == "boom":
+            raise SeqkvError("disk full")
+        (folder / self.name).write_text(self.text)
 
 
 @pytest.fixture
-def fake_conversion(monkeypatch):
+def fake_gguf(monkeypatch):
     import seqkv_cli.runtime.gguf as gguf
 
     calls = []
 
-    def save(model, tokenizer, folder):
-        calls.append(folder)
-        if model == "boom":
-            raise SeqkvError("disk full")
-        (folder / "model.safetensors").write_text(model)
+    def read(path):
+        calls.append(path)
+        text = path.read_bytes()[4:].decode()
+        return _Saved("config.json", text), _Saved("tokenizer.json", "t"), [], "llama", {}
 
-    monkeypatch.setattr(gguf, "load_gguf", lambda path: (path.read_text(), None))
-    monkeypatch.setattr(gguf, "save_clean", save)
+    monkeypatch.setattr(gguf, "_read_metadata", read)
     return gguf, calls
 
 
-def test_convert_gguf_never_deletes_a_converted_copy(tmp_path, fake_conversion):
-    conv, calls = fake_conversion
-    gguf, target = tmp_path / "m.gguf", tmp_path / "models" / "gguf-1"
-    gguf.write_text("weights v1")
-    conv.convert_gguf(gguf, target)
-    assert (target / conv.CONVERTED_MARKER).exists()
-    assert (target / "model.safetensors").read_text() == "weights v1"
-    gguf.write_text("weights v2")  # a second run (it waited on the lock) keeps the good copy
-    conv.convert_gguf(gguf, target)
-    assert (target / "model.safetensors").read_text() == "weights v1" and len(calls) == 1
-    assert sorted(p.name for p in target.parent.iterdir()) == ["gguf-1", "gguf-1.convert.lock"]
-
-
-def test_convert_gguf_replaces_an_unfinished_copy_and_a_failure_keeps_it(tmp_path, fake_conversion):
-    conv, _ = fake_conversion
-    gguf, target = tmp_path / "m.gguf", tmp_path / "gguf-1"
-    target.mkdir()
-    (target / "half.bin").write_text("a run killed mid-copy")
-    gguf.write_text("boom")
-    with pytest.raises(SeqkvError, match="disk full"):
-        conv.convert_gguf(gguf, target)
-    assert (target / "half.bin").exists()  # nothing this run did not make is deleted
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gguf-1", "gguf-1.convert.lock", "m.gguf"]
-    gguf.write_text("weights")
-    conv.convert_gguf(gguf, target)
-    assert sorted(p.name for p in target.iterdir()) == sorted(
-        [conv.CONVERTED_MARKER, "model.safetensors"]
-    )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gguf-1", "gguf-1.convert.lock", "m.gguf"]
-
-
-def test_a_gguf_file_converts_once_into_a_folder_named_by_its_content(
-    tmp_path, monkeypatch, fake_conversion
+def test_a_gguf_files_metadata_is_read_once_into_a_folder_named_by_its_content(
+    tmp_path, monkeypatch, fake_gguf
 ):
     import hashlib
 
-    conv, calls = fake_conversion
+    conv, calls = fake_gguf
     monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF weights")
-    folder = conv.converted_gguf_folder(gguf)
+    folder = conv.metadata_folder(gguf)
     digest = hashlib.sha256(b"GGUF weights").hexdigest()[:16]
-    assert folder == tmp_path / "cache" / "models" / f"gguf-{digest}"
-    assert (folder / "model.safetensors").read_text() == "GGUF weights"
-    assert conv.converted_gguf_folder(gguf) == folder and len(calls) == 1  # cached
+    assert folder == tmp_path / "cache" / "models" / f"gguf-{digest}-v{conv.META_VERSION}"
+    assert (folder / "config.json").read_text() == " weights"
+    assert conv.tensor_table(folder) == ([], "llama", {})
+    assert conv.metadata_folder(gguf) == folder and len(calls) == 1  # cached
     gguf.write_bytes(b"GGUF other weights")  # other content: another folder
-    assert conv.converted_gguf_folder(gguf) != folder and len(calls) == 2
+    assert conv.metadata_folder(gguf) != folder and len(calls) == 2
     gguf.write_bytes(b"GGML old")
     with pytest.raises(SeqkvError, match="bad magic bytes"):
-        conv.converted_gguf_folder(gguf)
+        conv.metadata_folder(gguf)
+
+
+def test_a_failed_metadata_read_leaves_nothing_and_a_damaged_cache_is_one_line(
+    tmp_path, monkeypatch, fake_gguf
+):
+    conv, _ = fake_gguf
+    monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUFboom")
+    with pytest.raises(SeqkvError, match="disk full"):
+        conv.metadata_folder(gguf)
+    models = tmp_path / "cache" / "models"
+    assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
+    gguf.write_bytes(b"GGUFgood")
+    folder = conv.metadata_folder(gguf)
+    (folder / conv.META_MARKER).write_text("{not json")
+    with pytest.raises(SeqkvError, match="damaged GGUF metadata cache"):
+        conv.tensor_table(folder)
+
+
+def test_the_fp32_folder_is_written_once_and_never_deleted(tmp_path, monkeypatch):
+    import seqkv_cli.runtime.gguf as conv
+
+    written = []
+
+    class Model:
+        def save_pretrained(self, folder):
+            written.append(folder)
+            (folder / "model.safetensors").write_text("fp32")
+
+    class Store:
+        def fp32_model(self, model):
+            return model
+
+    monkeypatch.setattr(
+        conv, "load_gguf", lambda path, progress=None: (Model(), _Saved("t.json", "t"), Store(), 0)
+    )
+    gguf, target = tmp_path / "m.gguf", tmp_path / "models" / "fp32"
+    gguf.write_bytes(b"GGUF")
+    conv.fp32_folder(gguf, target)
+    assert (target / conv.CONVERTED_MARKER).exists() and len(written) == 1
+    conv.fp32_folder(gguf, target)  # a second run (it waited on the lock) keeps the copy
+    assert len(written) == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == ["fp32", "fp32.convert.lock"]
 
 
 # -- restore.py keeps no second decompress --------------------------------------------------
