@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.table import Table
 
@@ -13,8 +15,14 @@ model_app = typer.Typer(help="Inspect or pre-fetch models.", no_args_is_help=Tru
 
 @model_app.command("info")
 @handle_errors
-def info_command(model: ModelOption = None) -> None:
-    """Show the model's name, shape, fingerprint and cache location."""
+def info_command(
+    model: ModelOption = None,
+    positions: Annotated[
+        int, typer.Option(min=1, help="positions the expected peak memory is computed for")
+    ] = 1000,
+) -> None:
+    """Show the model's name, shape, fingerprint, memory and cache location."""
+    from seqkv_cli.runtime.footprint import footprint
     from seqkv_cli.runtime.loading import load_model
     from seqkv_cli.runtime.paths import cache_root
 
@@ -26,6 +34,22 @@ def info_command(model: ModelOption = None) -> None:
     table.add_row("cache", str(cache_root()))
     kv_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
     table.add_row("fp16 KV per position", f"{kv_bits:,} bits")
+    fp = footprint(lm, positions)
+    held = ", ".join(
+        f"{kind} {n / 1e6:,.1f}M"
+        for kind, n in sorted((lm.weights.kinds() if lm.weights else {}).items())
+    )
+    table.add_row("parameters", f"{fp.parameters / 1e6:,.1f}M (weights held as {held or 'fp32'})")
+    table.add_row(
+        "resident weights",
+        f"{(fp.weights_bytes + fp.module_bytes) / 2**30:.2f} GiB, "
+        f"{fp.bytes_per_parameter:.2f} bytes a parameter",
+    )
+    table.add_row(
+        f"expected peak, {positions:,} positions",
+        f"{fp.expected_peak / 2**30:.2f} GiB (state {fp.state_bytes / 2**30:.2f}, "
+        f"prefill logits {fp.logits_bytes / 2**30:.2f})",
+    )
     from rich.markup import escape
 
     from seqkv_cli.runtime.numerics import support
@@ -38,8 +62,9 @@ def info_command(model: ModelOption = None) -> None:
 @model_app.command("fetch")
 @handle_errors
 def fetch_command() -> None:
-    """Download and convert the embedded default model (SmolLM2-135M-Instruct) now."""
-    from seqkv_cli.runtime.embedded import embedded_model_path
+    """Download the embedded default model (SmolLM2-135M-Instruct) and read it once now."""
+    from seqkv_cli.runtime.embedded import embedded_gguf
+    from seqkv_cli.runtime.loading import load_model
 
-    path = embedded_model_path(progress=say)
-    console.print(f"embedded model ready: {path}")
+    load_model(None, progress=say)  # its metadata and fingerprint, cached
+    console.print(f"embedded model ready: {embedded_gguf()}")

@@ -127,9 +127,7 @@ def _canonical(lm, ids, on_progress, numerics):
 
 def canonical_model(lm, numerics: str | None = None):
     """The canonical forward of a loaded model on `numerics`, built once per LoadedModel."""
-    from seqkv_cli.runtime.numerics import DEFAULT, build_canonical
-
-    from seqkv_cli.runtime.numerics import PORTABLE_PATHS
+    from seqkv_cli.runtime.numerics import DEFAULT, PORTABLE_PATHS, build_canonical
 
     path = numerics or DEFAULT
     key = f"canonical:{path}"

@@ -85,17 +85,19 @@ def _fixed_stored(kind: str, rows: int, k: int):
     return StoredTensor(KINDS[kind], stored_array(KINDS[kind], raw), (rows, k))
 
 
-def kernels_agree(kinds: tuple[str, ...] = ("f32",)) -> bool:
+def kernels_agree(
+    kinds: tuple[str, ...] = ("f32",), forms: tuple[int, ...] = (exact.PEAK1, exact.PEAK2, exact.L1)
+) -> bool:
     """Whether the native kernels the digest does not reach give the reference's bits here:
-    every product over stored weights of ``kinds`` (the decoders, a step's products at the
-    2**53 bound, a prefill's tiles, for every form) and the attention between its products
-    (every step's softmax). Fixed inputs, like the digest's."""
+    every product over stored weights of ``kinds`` in ``forms`` (the decoders, a step's
+    products at the 2**53 bound, a prefill's tiles) and the attention between its products
+    (every step's softmax). Fixed inputs, like the digest's. Only the kernels a model will
+    run are compiled and checked (their compiling is most of a first run's wait)."""
     from seqkv_cli.runtime.checkpoint import WeightStore
     from seqkv_cli.runtime.portable.weights import StoredRows, WeightCache
 
     i = torch.arange(4 * 1536, dtype=torch.int64)
     x = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(4, 1536)
-    forms = (exact.PEAK1, exact.PEAK2, exact.L1)
     cases = [
         (n, form, exact.right_bits(1536, form))
         for n in (1, 3, 2 * kernels.MAX_KERNEL_ROWS)
@@ -129,24 +131,24 @@ def kernels_agree(kinds: tuple[str, ...] = ("f32",)) -> bool:
     return agree and all(same_bits(a, b) for a, b in zip(steps[True], steps[False], strict=True))
 
 
-_kinds_ok: set[str] = set()  # stored kinds whose native kernels were checked here
+_kinds_ok: set[tuple[str, int]] = set()  # (stored kind, form) pairs checked here
 
 
-def run_canary(device=None, kinds: tuple[str, ...] = ()) -> None:
+def run_canary(device=None, kinds: tuple[str, ...] = ("f32",), form: int = exact.L1) -> None:
     """Refuse, with the check named, where this machine (or device) does not reproduce the
     definition; on the CPU, also where a native kernel for weights stored as one of ``kinds``
-    (or the attention's) gives other bits than the reference."""
+    in the product form ``form`` (or the attention's) gives other bits than the reference."""
     where = str(device or "cpu")
     if where not in _canary_ok:
         _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
-    unchecked = tuple(k for k in ("f32", *kinds) if k not in _kinds_ok)
+    unchecked = tuple(k for k in kinds if (k, form) not in _kinds_ok)
     if _canary_ok[where] and where == "cpu" and kernels.enabled() and unchecked:
-        if not kernels_agree(unchecked):
+        if not kernels_agree(unchecked, (form,)):
             raise SeqkvError(
                 "portable numerics: a native kernel gives other bits than the reference on this "
                 f"machine; set {kernels.ENV}=reference to code and decode without the kernels"
             )
-        _kinds_ok.update(unchecked)
+        _kinds_ok.update((k, form) for k in unchecked)
     if not _canary_ok[where]:
         on = "" if where == "cpu" else f" on {where}"
         raise SeqkvError(

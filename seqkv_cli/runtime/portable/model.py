@@ -60,7 +60,7 @@ class PortableLM(ShapeAttributes):
         _refuse_unvetted(hf_model, self.model_type)
         self.device = model_device(hf_model)
         store = store if store is not None else WeightStore.of_module(hf_model)
-        run_canary(self.device, tuple(store.kinds()))
+        run_canary(self.device, tuple(store.kinds()) or ("f32",), self.form)
         _register_attention()
         if next(hf_model.parameters()).dtype != torch.float32:
             raise SeqkvError("portable numerics run fp32 weights; load the model in float32")
