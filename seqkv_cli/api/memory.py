@@ -149,8 +149,11 @@ class MemoryArchive:
             if got is None:
                 raise SeqkvError(rp.not_reproduced_message(session_id, rec, self._runner, None))
             keys, values = got
-        if device is None:
-            device = next(self._runner.parameters()).device
+        if device is None:  # the model's device, without making seqkv's model fp32 for it
+            from seqkv_cli.runtime.devices import model_device
+
+            own = self._own_model
+            device = model_device(own if own is not None else self._lm.module)
         return to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
 
     # -- writing --------------------------------------------------------------------------

@@ -31,9 +31,10 @@ import torch
 from seqkv_cli.runtime import native
 from seqkv_cli.runtime.native import ENV, enabled, reference  # noqa: F401 (the one switch)
 
-# Rows (activation limbs x sequences) up to which the int32 loop beats fp64 BLAS here: a step
-# (2 limbs) and 8 sibling rows of one token at 1 limb; measured in bench/bench_numerics.py.
-MAX_KERNEL_ROWS = 8
+# Rows (activation limbs x sequences) up to which a product over stored weights runs in the
+# native kernel (each weight row's integers made once, then every row's sum) rather than
+# through fp64 BLAS tiles: a step, guessed tokens, trie rows in lockstep (docs/BENCHMARKS.md).
+MAX_KERNEL_ROWS = 32
 
 
 def usable(*tensors: torch.Tensor) -> bool:
