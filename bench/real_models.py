@@ -22,7 +22,6 @@ Models at real shapes come from `bench.real_shapes` (random weights, public conf
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -148,28 +147,44 @@ def same_capture(a: Path, b: Path) -> bool:
     return bool(same)
 
 
-def main() -> None:
+def markdown(result: dict) -> str:
+    """The bench's table: a row a step, peaks against `capture --no-canonical`."""
+    lines = harness.heading(
+        f"Your model: {Path(result['model']).name}, {result['tokens']:,} tokens", result
+    )
+    lines += [
+        "| step | seconds | peak RSS (GiB) | peak / capture --no-canonical | bit-exact |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for step, row in result["steps"].items():
+        ratio = row.get("peak_vs_capture_plain")
+        exact = {True: "yes", False: "**no**"}.get(row.get("bit_exact"), "")
+        lines.append(
+            f"| {step} | {row['seconds']:.1f} | {row['peak_GiB']:.2f} | "
+            f"{'' if ratio is None else f'{ratio:.2f}'} | {exact} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
     p = harness.parser(__doc__)
     p.add_argument("--tokens", type=int, default=1000)
     p.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to run")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not args.model:
         raise SystemExit("give --model (a folder or .gguf; bench.real_shapes writes them)")
     steps = tuple(s for s in args.steps.split(",") if s)
     unknown = set(steps) - set(STEPS)
     if unknown:
         raise SystemExit(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
-    env = harness.environment()
+    harness.start(args, load=False)
     with tempfile.TemporaryDirectory(prefix="seqkv-real-") as tmp:
         rows = run(args.model, args.tokens, steps, Path(tmp))
     base = rows.get("capture_plain", {}).get("peak_GiB")
     for row in rows.values():
         if base:
             row["peak_vs_capture_plain"] = round(row["peak_GiB"] / base, 3)
-    result = {"environment": env, "model": args.model, "tokens": args.tokens, "steps": rows}
-    if args.json:
-        harness.write_json(args.json, result)
-    print(json.dumps(result["steps"], indent=1))
+    return harness.finish(args, None, markdown, model=args.model, tokens=args.tokens, steps=rows)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ BENCHES = [
     "one_session",
     "parallel",
     "portability",
+    "real_models",
     "run",
     "scale",
     "siblings",
@@ -137,6 +138,17 @@ def test_siblings(model, tmp_path):
     [row] = run_bench("siblings", args, tmp_path)["rows"]
     assert (row["alone"]["sessions"], row["together"]["sessions"]) == (1, 2)
     assert row["together"]["positions"] == 32 and row["positions_ratio"] > 0
+
+
+@pytest.mark.slow
+def test_real_models(model, tmp_path):
+    """Whole `seqkv` processes: capture, compress and decompress of the tiny model, exact."""
+    steps = "capture_plain,capture,compress,decompress"
+    result = run_bench(
+        "real_models", ["--model", model, "--tokens", "40", "--steps", steps], tmp_path
+    )
+    assert result["steps"]["decompress"]["bit_exact"] is True
+    assert all(row["peak_GiB"] > 0 for row in result["steps"].values())
 
 
 def test_one_session(model, tmp_path):

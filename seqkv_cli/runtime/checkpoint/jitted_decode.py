@@ -18,7 +18,7 @@ import math
 import types
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from seqkv_cli.runtime.checkpoint.formats import KINDS
 
@@ -463,7 +463,7 @@ def specialise(template, kind: str, **bindings):
 
 
 def _to_fp32(raw, rows, out):  # template: out[i] = the fp32 values of raw[rows[i]]
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):  # serial: gathers are a few rows, whole walks are once
         decode_row(raw[rows[i]], out[i])  # noqa: F821 (bound per kind by `specialise`)
 
 
@@ -474,7 +474,7 @@ def to_fp32(kind: str, raw: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The fp32 values (len(rows), K) of rows ``rows`` of ``raw`` held as ``kind``."""
     fn = _compiled.get(kind)
     if fn is None:
-        fn = _compiled[kind] = njit(parallel=True, **flags)(specialise(_to_fp32, kind))
+        fn = _compiled[kind] = njit(**flags)(specialise(_to_fp32, kind))
     out = np.empty((rows.shape[0], KINDS[kind].elements(raw.shape[1])), dtype=np.float32)
     fn(raw, rows.astype(np.int64, copy=False), out)
     return out

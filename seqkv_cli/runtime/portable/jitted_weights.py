@@ -133,12 +133,10 @@ def scratch_widened(k_len):
 
 
 def peaks(raw, k_len, out):  # out[n]: exact.quantize_rows' clamped peak exponent of row n
-    n_rows = raw.shape[0]
-    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        buf = np.empty(k_len)
-        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
-            decode_row(raw[n], buf)  # noqa: F821
-            out[n] = peak_exponent(buf)
+    buf = np.empty(k_len)  # serial: once per weight and process, and the cheapest to compile
+    for n in range(raw.shape[0]):
+        decode_row(raw[n], buf)  # noqa: F821
+        out[n] = peak_exponent(buf)
 
 
 def tile(raw, start, peak, bits, out):  # out (R, K): the integers of rows start..start+R
@@ -188,6 +186,7 @@ def products(x, raw, peak, bits, out):  # out (M, N): integer sums of x (M, K) w
 
 _KERNELS = {"peaks": peaks, "tile": tile, "step": step, "products": products}
 _SERIAL_TOO = ("step", "products")  # a step of a small model is below the threads' wake-up
+_SERIAL_ONLY = ("peaks",)
 
 
 def _row_functions(kind: str) -> dict:
@@ -217,6 +216,10 @@ def compile_kind(kind: str) -> dict:
     rows = _row_functions(kind)
     out = {}
     for name, template in _KERNELS.items():
+        if name in _SERIAL_ONLY:
+            serial = njit(**exact_flags)(specialise(template, kind, **rows))
+            out[name] = (serial, serial)
+            continue
         parallel = njit(parallel=True, **exact_flags)(specialise(template, kind, **rows))
         serial = parallel
         if name in _SERIAL_TOO:
