@@ -120,6 +120,10 @@ THIRD_PARTY_PRIVATES = {
     ("seqkv_cli/report/quanto.py", "layer._dequantize"),
     # torch's OpOverload schema: the only way to read an op's argument names
     ("seqkv_cli/runtime/portable/op_policy.py", "func._schema"),
+    ("seqkv_cli/runtime/portable/mode.py", "func._schema"),
+    # torch's storage identity: the one key that tied parameters and their views share and
+    # that still tells meta tensors apart (every meta storage's data_ptr is 0)
+    ("seqkv_cli/runtime/checkpoint/store.py", "t.untyped_storage()._cdata"),
     # transformers' config: the attention/experts implementation is swapped for one call and
     # restored exactly (including "unset"), which the public setters cannot express
     ("seqkv_cli/runtime/portable/model.py", "c._attn_implementation_internal"),

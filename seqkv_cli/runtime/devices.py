@@ -111,16 +111,19 @@ def place(model):
         return model
     moved: dict[int, torch.Tensor] = {}  # a tied tensor moves once and stays tied
     for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for key, t in table.items():
-                if t is None or t.is_meta:
-                    continue
-                if id(t) not in moved:
-                    data = t.data.to(_selected)
-                    moved[id(t)] = (
-                        torch.nn.Parameter(data, requires_grad=t.requires_grad)
-                        if isinstance(t, torch.nn.Parameter)
-                        else data
-                    )
-                table[key] = moved[id(t)]
+        own = [
+            *module.named_parameters(recurse=False, remove_duplicate=False),
+            *module.named_buffers(recurse=False, remove_duplicate=False),
+        ]
+        for key, t in own:
+            if t is None or t.is_meta:
+                continue
+            if id(t) not in moved:
+                data = t.data.to(_selected)
+                moved[id(t)] = (
+                    torch.nn.Parameter(data, requires_grad=t.requires_grad)
+                    if isinstance(t, torch.nn.Parameter)
+                    else data
+                )
+            setattr(module, key, moved[id(t)])  # a parameter stays one, a buffer a buffer
     return model

@@ -153,7 +153,7 @@ def _fill(model, dense: dict[str, torch.Tensor], stored: dict[str, StoredTensor]
                 )
             owner, _, attr = name.rpartition(".")
             module = model.get_submodule(owner) if owner else model
-            module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+            setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
     missing = [
         name
         for name, p in model.named_parameters(remove_duplicate=False)

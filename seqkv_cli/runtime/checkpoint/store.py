@@ -98,7 +98,7 @@ def _weight_places(model) -> dict[int, tuple[torch.Tensor, list]]:
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
             continue
-        w = module._parameters.get("weight")
+        w = dict(module.named_parameters(recurse=False, remove_duplicate=False)).get("weight")
         if w is None or w.dim() != 2:
             continue
         found.setdefault(id(w), (w, []))[1].append((module, "weight"))
@@ -122,8 +122,8 @@ class WeightStore:
     """The stored weight matrices of one model, looked up by the storage of the tensor the
     module holds in their place (a meta tensor, or the model's own fp32 parameter)."""
 
-    def __init__(self) -> None:
-        self._entries: dict[int, Entry] = {}
+    def __init__(self, entries: dict[int, Entry] | None = None) -> None:
+        self._entries: dict[int, Entry] = entries or {}
 
     # -- building ----------------------------------------------------------------------------
 
@@ -131,12 +131,12 @@ class WeightStore:
     def of_module(cls, model) -> WeightStore:
         """Entries that are views of a model's own fp32 CPU weights (nothing is copied, the
         module is left as it is): how a user's model object is read."""
-        store = cls()
+        entries = {}
         for w, places in _weight_places(model).values():
             if w.device.type != "cpu" or w.dtype != torch.float32:
                 raise SeqkvError("the portable forward reads fp32 weights on the CPU")
-            store._entries[_storage_key(w)] = Entry(StoredTensor.of_tensor(w), places, w)
-        return store
+            entries[_storage_key(w)] = Entry(StoredTensor.of_tensor(w), places, w)
+        return cls(entries)
 
     @classmethod
     def take(cls, model, stored: dict[str, StoredTensor] | None = None) -> WeightStore:
@@ -149,7 +149,7 @@ class WeightStore:
         names: dict[int, list[str]] = {}
         for n, p in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), []).append(n)
-        store = cls()
+        entries = {}
         for w, places in _weight_places(model).values():
             aliases = names.get(id(w), [])
             given = next((stored[n] for n in aliases if n in (stored or {})), None)
@@ -165,15 +165,15 @@ class WeightStore:
                 torch.empty(held.shape, dtype=torch.float32, device="meta"), requires_grad=False
             )
             for module, attr in places:
-                module._parameters[attr] = meta
-            store._entries[_storage_key(meta)] = Entry(held, places, meta)
+                setattr(module, attr, meta)
+            entries[_storage_key(meta)] = Entry(held, places, meta)
         for name, p in model.named_parameters():
             if not p.is_meta and p.dtype != torch.float32:
                 _set_param(model, name, p.data.float())
         for name, b in model.named_buffers():
             if b.is_floating_point() and b.dtype != torch.float32:
                 _set_buffer(model, name, b.float())
-        return store
+        return cls(entries)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -241,7 +241,7 @@ class WeightStore:
             values = entry.stored.fp32_rows().to(device or "cpu")
             full = torch.nn.Parameter(values, requires_grad=False)
             for module, attr in entry.places:
-                module._parameters[attr] = full
+                setattr(module, attr, full)
             del self._entries[key]
             held = (
                 StoredTensor.of_tensor(full.data) if values.device.type == "cpu" else entry.stored
@@ -264,10 +264,10 @@ class WeightStore:
 def _set_param(model, name: str, value: torch.Tensor) -> None:
     owner, _, attr = name.rpartition(".")
     module = model.get_submodule(owner) if owner else model
-    module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+    setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
 
 
 def _set_buffer(model, name: str, value: torch.Tensor) -> None:
     owner, _, attr = name.rpartition(".")
     module = model.get_submodule(owner) if owner else model
-    module._buffers[attr] = value
+    setattr(module, attr, value)  # an existing buffer's name: stays a buffer, persistence kept
