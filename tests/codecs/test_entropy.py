@@ -23,7 +23,7 @@ from seqkv_codecs.entropy import (
 )
 from seqkv_codecs.entropy.freq import normalize, table_from_counts
 from seqkv_codecs.entropy.stream import HEADER
-from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.errors import AlphabetTooLargeError, CorruptStreamError
 
 RNG_SEED = 20240611
 
@@ -190,8 +190,8 @@ def test_bad_input_raises_value_error():
         encode_symbols(np.array([0, 4]), 4)
     with pytest.raises(ValueError, match=r"lie in \[0, 4\)"):
         encode_symbols(np.array([-1, 2]), 4, backend="torch")
-    with pytest.raises(ValueError, match="alphabet_size"):
-        encode_symbols(np.array([0]), 1 << 32)
+    with pytest.raises(AlphabetTooLargeError, match="at most 2\\*\\*32 - 1 symbols"):
+        encode_symbols(np.array([0]), 1 << 32)  # a CodecError (one CLI line), a ValueError
     with pytest.raises(ValueError, match="alphabet_size"):
         encode_symbols_torch(torch.zeros(1, dtype=torch.int64), 65537)  # version 1 only
     with pytest.raises(ValueError, match=r"lie in \[0, 151936\)"):

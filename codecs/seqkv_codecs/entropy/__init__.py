@@ -15,7 +15,7 @@ import numpy as np
 
 from seqkv_codecs.entropy import placement, rans_numpy, stream, wide
 from seqkv_codecs.entropy.rans_torch import decode_symbols_torch, encode_symbols_torch
-from seqkv_codecs.errors import CodecError
+from seqkv_codecs.errors import AlphabetTooLargeError, CodecError
 
 __all__ = ["decode_symbols", "decode_symbols_torch", "encode_symbols", "encode_symbols_torch"]
 
@@ -156,8 +156,9 @@ def _is_wide(alphabet_size) -> bool:
     if isinstance(alphabet_size, bool) or not isinstance(alphabet_size, int | np.integer):
         return False  # check_alphabet refuses it
     if alphabet_size > wide.MAX_ALPHABET:
-        raise ValueError(
-            f"alphabet_size must be an integer in 1..{wide.MAX_ALPHABET}, got {alphabet_size}"
+        raise AlphabetTooLargeError(
+            f"alphabet_size must be an integer in 1..{wide.MAX_ALPHABET}, got {alphabet_size}: "
+            "an entropy stream holds at most 2**32 - 1 symbols"
         )
     return alphabet_size > stream.MAX_ALPHABET
 

@@ -114,9 +114,10 @@ def _spare_mass(vocab: int, precision_bits: int, floor: int) -> int:
     if index(floor) < 1:
         raise CodecError(f"floor must be >= 1 so every symbol stays codable, got {floor}")
     if vocab < 1 or vocab * floor >= 1 << precision_bits:
+        most = ((1 << precision_bits) - 1) // floor
         raise CodecError(
-            f"{vocab} symbols with floor {floor} do not fit in 2**{precision_bits}; "
-            "raise precision_bits"
+            f"a {vocab:,}-symbol vocabulary does not fit {precision_bits}-bit frequency tables "
+            f"(at most {most:,} symbols with floor {floor}); raise precision_bits"
         )
     return (1 << precision_bits) - vocab * floor
 
