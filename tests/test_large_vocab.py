@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from cli_run import assert_error, invoke
 from conftest import build_tiny_model
@@ -223,3 +224,42 @@ def test_vocabulary_past_a_hard_limit_is_one_line(
     result = invoke("compress", paths["a"], "-o", out, *args)
     assert_error(result, fragment)
     assert not out.exists()
+
+
+def test_llama_cpp_state_files(world, tmp_path):
+    """llama.cpp slot files (token lists of int32 ids) import into a trie archive, exactly and
+    tokens-only, and export byte-identical: their ids go through the same `seq` coder."""
+    from seqkv_cli.kvcapture.engine import run_capture
+    from seqkv_cli.llamacpp.convert import from_capture_kv
+    from seqkv_cli.llamacpp.state_file import parse_state, write_state
+
+    lm, paths, _ = world
+    tokens = load_capture(paths["a"]).tokens.tolist()
+    cap = run_capture(lm, tokens, dtype="fp32")
+    gen = torch.Generator().manual_seed(0)
+
+    def moved(t):  # llama.cpp's numerics sit a few % from the recompute
+        return (t * (1 + 0.02 * torch.randn(t.shape, generator=gen))).half()
+
+    layout = {
+        "kind": "sequence",
+        "token_form": "server-v1",
+        "n_stream": 1,
+        "stream": 0,
+        "seq_id": 0,
+        "v_trans": False,
+        "k_type": "f16",
+        "v_type": "f16",
+    }
+    keys, values = [moved(k) for k in cap.keys], [moved(v) for v in cap.values]
+    slot = tmp_path / "slot.bin"
+    slot.write_bytes(write_state(from_capture_kv(keys, values, tokens, layout, True)))
+    for mode in ([], ["--tokens-only"]):
+        archive = tmp_path / f"slots{len(mode)}.skv"
+        result = invoke("import", "llama-state", slot, "-o", archive, *mode, "--model", lm.folder)
+        assert result.exit_code == 0, result.output
+        out = tmp_path / f"back{len(mode)}.bin"
+        result = invoke("export", "llama-state", archive, "slot", "-o", out, "--model", lm.folder)
+        assert result.exit_code == 0, result.output
+        assert parse_state(out.read_bytes()).tokens == tokens
+        assert (out.read_bytes() == slot.read_bytes()) is not mode  # exact mode: the same bytes
