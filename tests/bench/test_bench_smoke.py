@@ -37,6 +37,7 @@ BENCHES = [
     "scale",
     "siblings",
     "trie_batching",
+    "vocab",
 ]
 
 
@@ -254,6 +255,30 @@ def test_seq(tmp_path):
     model = str(build_tiny_model(tmp_path / "tiny", context=16384))
     out = run_bench("bench_seq", ["--model", model], tmp_path)
     assert all(r["exact"] for r in out["rows"]) and out["speed"]["hf_step_loop_tokens_per_s"] > 0
+
+
+def test_vocab(tmp_path):
+    """Two small vocabularies: the kernels' and numpy's streams are the same bytes (the bench
+    stops otherwise), every speed is real and the ratio is the payload over log2 PP."""
+    out = run_bench("vocab", ["--vocabs", "300", "2000", "--tokens", "24"], tmp_path)
+    assert [r["vocab"] for r in out["rows"]] == [300, 2000]
+    for r in out["rows"]:
+        assert r["same_bytes"] and r["tokens"] == 24 and r["stream_bytes"] > 0
+        assert (
+            min(
+                r[f"{w}_tokens_per_s_{k}"]
+                for w in ("encode", "decode")
+                for k in ("kernels", "numpy")
+            )
+            > 0
+        )
+        assert r["payload_over_log2_pp"] == pytest.approx(
+            r["payload_bits_per_position"] / r["log2_pp"], rel=1e-3
+        )
+        assert r["first_token_bits"] == pytest.approx(math.log2(r["vocab"]), abs=0.01)
+    assert {(g["vocab"], g["scale"]) for g in out["gaussian"]} == {
+        (v, s) for v in (300, 2000) for s in (2.0, 5.0, 10.0)
+    }
 
 
 @pytest.mark.slow
