@@ -13,7 +13,9 @@ sampled from the model itself, on the portable canonical path:
   the decoder's search: what each costs at each vocabulary;
 * bits: the range-coded payload per position against log2 PP (the mean surprisal), and what
   the 24-bit tables cost over the model's own -log2 p (their floors hold V / 2**24 of the
-  mass). A second table: that cost on Gaussian logits, whose entropy is nearer real text's.
+  mass). A second table: that cost on Gaussian logits, whose entropy is nearer real text's;
+* `seq-fast`'s static stream of the same ids (entropy stream version 2 past 65,536 tokens):
+  bits per position, encode and decode milliseconds.
 
     python -m bench.vocab --json bench/results/vocab.json --append docs/BENCHMARKS.md
 """
@@ -106,7 +108,25 @@ def measure(vocab: int, tokens: int, folder: Path) -> dict:
     data, stats = streams["kernels"]
     row.update(_bits(canon, ids, stats))
     row["stream_bytes"] = len(data)
+    row.update(_static(ids, vocab))
     return row
+
+
+def _static(ids: np.ndarray, vocab: int) -> dict:
+    """`seq-fast`'s token stream of the same ids: a static rANS table over the vocabulary
+    (entropy stream version 2, 16-bit planes, past 65,536 tokens)."""
+    from seqkv_codecs.entropy import decode_symbols, encode_symbols
+
+    data, encode_s = harness.best_of(lambda: encode_symbols(ids, vocab), 3)
+    decoded, decode_s = harness.best_of(lambda: decode_symbols(data), 3)
+    if not np.array_equal(decoded, ids):
+        raise SystemExit(f"V={vocab}: the static stream did not give the tokens back")
+    return {
+        "static_version": data[0],
+        "static_bits_per_position": round(len(data) * 8 / len(ids), 3),
+        "static_encode_ms": round(encode_s * 1e3, 2),
+        "static_decode_ms": round(decode_s * 1e3, 2),
+    }
 
 
 def _per_token(canon, ids: np.ndarray) -> dict:

@@ -258,10 +258,11 @@ def test_seq(tmp_path):
 
 
 def test_vocab(tmp_path):
-    """Two small vocabularies: the kernels' and numpy's streams are the same bytes (the bench
-    stops otherwise), every speed is real and the ratio is the payload over log2 PP."""
-    out = run_bench("vocab", ["--vocabs", "300", "2000", "--tokens", "24"], tmp_path)
-    assert [r["vocab"] for r in out["rows"]] == [300, 2000]
+    """A small vocabulary and one past 65,536: the kernels' and numpy's streams are the same
+    bytes (the bench stops otherwise), every speed is real, the ratio is the payload over
+    log2 PP, and seq-fast's stream is entropy version 2 past 65,536 tokens."""
+    out = run_bench("vocab", ["--vocabs", "300", "70000", "--tokens", "24"], tmp_path)
+    assert [r["vocab"] for r in out["rows"]] == [300, 70_000]
     for r in out["rows"]:
         assert r["same_bytes"] and r["tokens"] == 24 and r["stream_bytes"] > 0
         assert (
@@ -276,8 +277,10 @@ def test_vocab(tmp_path):
             r["payload_bits_per_position"] / r["log2_pp"], rel=1e-3
         )
         assert r["first_token_bits"] == pytest.approx(math.log2(r["vocab"]), abs=0.01)
+        assert r["static_version"] == (1 if r["vocab"] <= 65_536 else 2)
+        assert r["static_bits_per_position"] > 0
     assert {(g["vocab"], g["scale"]) for g in out["gaussian"]} == {
-        (v, s) for v in (300, 2000) for s in (2.0, 5.0, 10.0)
+        (v, s) for v in (300, 70_000) for s in (2.0, 5.0, 10.0)
     }
 
 
