@@ -255,6 +255,17 @@ def markdown(result: dict) -> str:
         )
         + ". Kernels and numpy wrote the same bytes at every vocabulary.",
         "",
+        "| vocabulary | `seq-fast` stream | bits/position | encode ms | decode ms |",
+        "| ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['vocab']:,} | entropy version {r['static_version']} "
+            f"| {r['static_bits_per_position']} | {r['static_encode_ms']} "
+            f"| {r['static_decode_ms']} |"
+        )
+    lines += [
+        "",
         "| vocabulary | logits | entropy bits/token | KL(softmax ‖ f / 2**24) bits/token |",
         "| ---: | --- | ---: | ---: |",
     ]
