@@ -9,8 +9,8 @@ this construction changes coded bytes and must bump the format version (docs/RAN
 
 `reference_frequencies` is the construction as whole-row numpy operations (the definition);
 the coder's hot paths (`frequencies_from_logits`, `intervals_from_logits`, `find_symbol`)
-run it compiled by numba (row_jit.py: the same integers, three passes a row and no
-temporaries of V elements) and fall back to numpy where numba cannot be imported or
+run it compiled by numba (row_jit.py: the same integers from four plain loops a row, no
+float64 copy of the logits) and fall back to numpy where numba cannot be imported or
 ``SEQKV_CODER_KERNELS=off`` (a diagnostic: the same integers either way).
 """
 
@@ -38,6 +38,7 @@ _FRACTION_MASK = (1 << FRACTION_BITS) - 1
 # From this many symbols row_jit looks a row's shares up in a table of every step's share
 # (MAX_STEPS + 1 divisions a row) instead of dividing once per symbol: fewer divisions.
 _SHARE_TABLE_FROM = MAX_STEPS + 1
+_ROW_BLOCK = 4  # rows per numpy table (profiled: a 256-row table ran 2.5x slower per row)
 
 
 @functools.cache
@@ -232,9 +233,6 @@ def intervals_from_logits(
         low[r : r + len(f)] = np.where(columns < nxt, f, 0).sum(axis=1)
         freq[r : r + len(f)] = np.take_along_axis(f, nxt, axis=1)[:, 0]
     return low, freq
-
-
-_ROW_BLOCK = 4  # profiled: a 256-row table ran 2.5x slower per row than 4 rows
 
 
 def find_symbol(row: np.ndarray, target: int) -> tuple[int, int]:

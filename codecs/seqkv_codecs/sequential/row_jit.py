@@ -1,15 +1,15 @@
 """The token coder's per-row work compiled by numba: the integers of probability.py's numpy
-definition (docs/RANGE_CODER.md §1), without its temporaries.
+definition (docs/RANGE_CODER.md §1), without its float64 copies and temporaries.
 
 The numpy definition is about fifteen whole-row operations, each a temporary of V elements
 (a float64 copy of the logits, steps, weights, shares, a cumulative table...): on a
 256,000-token vocabulary that was a third of `seq`'s encode time (docs/BENCHMARKS.md, "Large
-vocabularies"). Here a row is three passes over its logits and nothing of V elements but
-the output (its maximum is numpy's): every step, their weight sum, the first symbol of step
-0, the shares. The decoder's symbol search is one pass that stops at the symbol, instead of a
-cumulative table and a binary search. probability.py imports this module on first use and
-runs the numpy definition where numba is missing; tests/codecs/test_rangecoder.py checks
-that both give the same integers.
+vocabularies"). Here a row is one pass over its logits into int32 steps (its maximum is
+numpy's), then three over the steps: their weight sum, the first symbol of step 0, the
+shares into the output; nothing else of V elements. The decoder's symbol search is one pass
+that stops at the symbol, instead of a cumulative table and a binary search. probability.py
+imports this module on first use and runs the numpy definition where numba is missing;
+tests/codecs/test_rangecoder.py checks that both give the same integers.
 
 Module-level functions, so numba's disk cache finds them in the next process (a closure over
 another jitted function hashes differently in every process and would compile each time).
