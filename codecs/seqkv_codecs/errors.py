@@ -11,3 +11,8 @@ class UnknownCodecError(CodecError, ValueError):
 
 class CorruptStreamError(CodecError):
     """An encoded stream that cannot be decoded: truncated, inconsistent or tampered with."""
+
+
+class AlphabetTooLargeError(CodecError, ValueError):
+    """More symbols than a stream can hold (an entropy stream: 2**32 - 1): a hard limit a
+    model's vocabulary can reach, so the CLI says it in one line (a ValueError for the API)."""

@@ -246,12 +246,8 @@ def _add_seq(trie: Trie, first_new: int, sources, coder, canon, source) -> Segme
 
 def _encode_tail(rows, tokens: np.ndarray, start: int, precision: int) -> tuple[bytes, float]:
     """Range-code tokens[start:] under the session's own rows; self-checked before use."""
-    from seqkv_codecs.sequential.node_stream import (
-        encode_node,
-        intervals,
-        intervals_from_logits,
-        verify_node,
-    )
+    from seqkv_codecs.sequential.node_stream import encode_node, intervals, verify_node
+    from seqkv_codecs.sequential.probability import intervals_from_logits
     from seqkv_codecs.sequential.token_coder import uniform_row
 
     lows, freqs, p, n = [], [], start, len(tokens)

@@ -273,8 +273,8 @@ def walk(trie: Trie, needed: set[int], adapter: CanonicalLogits, visit) -> None:
 
 def _code_node(run: Run, adapter: CanonicalLogits, precision: int) -> tuple[bytes, float]:
     """Prefill the node and range-code its tokens under the rows that prefill produces."""
-    from seqkv_codecs.sequential.node_stream import encode_node, intervals, intervals_from_logits
-    from seqkv_codecs.sequential.probability import frequencies_from_logits
+    from seqkv_codecs.sequential.node_stream import encode_node, intervals
+    from seqkv_codecs.sequential.probability import frequencies_from_logits, intervals_from_logits
     from seqkv_codecs.sequential.token_coder import uniform_row
 
     tokens, n = run.tokens, run.n_tokens

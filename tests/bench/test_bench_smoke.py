@@ -38,6 +38,7 @@ BENCHES = [
     "scale",
     "siblings",
     "trie_batching",
+    "vocab",
 ]
 
 
@@ -266,6 +267,33 @@ def test_seq(tmp_path):
     model = str(build_tiny_model(tmp_path / "tiny", context=16384))
     out = run_bench("bench_seq", ["--model", model], tmp_path)
     assert all(r["exact"] for r in out["rows"]) and out["speed"]["hf_step_loop_tokens_per_s"] > 0
+
+
+def test_vocab(tmp_path):
+    """A small vocabulary and one past 65,536: the kernels' and numpy's streams are the same
+    bytes (the bench stops otherwise), every speed is real, the ratio is the payload over
+    log2 PP, and seq-fast's stream is entropy version 2 past 65,536 tokens."""
+    out = run_bench("vocab", ["--vocabs", "300", "70000", "--tokens", "24"], tmp_path)
+    assert [r["vocab"] for r in out["rows"]] == [300, 70_000]
+    for r in out["rows"]:
+        assert r["same_bytes"] and r["tokens"] == 24 and r["stream_bytes"] > 0
+        assert (
+            min(
+                r[f"{w}_tokens_per_s_{k}"]
+                for w in ("encode", "decode")
+                for k in ("kernels", "numpy")
+            )
+            > 0
+        )
+        assert r["payload_over_log2_pp"] == pytest.approx(
+            r["payload_bits_per_position"] / r["log2_pp"], rel=1e-3
+        )
+        assert r["first_token_bits"] == pytest.approx(math.log2(r["vocab"]), abs=0.01)
+        assert r["static_version"] == (1 if r["vocab"] <= 65_536 else 2)
+        assert r["static_bits_per_position"] > 0
+    assert {(g["vocab"], g["scale"]) for g in out["gaussian"]} == {
+        (v, s) for v in (300, 70_000) for s in (2.0, 5.0, 10.0)
+    }
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from seqkv_codecs.entropy import (
 )
 from seqkv_codecs.entropy.freq import normalize, table_from_counts
 from seqkv_codecs.entropy.stream import HEADER
-from seqkv_codecs.errors import CorruptStreamError
+from seqkv_codecs.errors import AlphabetTooLargeError, CorruptStreamError
 
 RNG_SEED = 20240611
 
@@ -190,8 +190,14 @@ def test_bad_input_raises_value_error():
         encode_symbols(np.array([0, 4]), 4)
     with pytest.raises(ValueError, match=r"lie in \[0, 4\)"):
         encode_symbols(np.array([-1, 2]), 4, backend="torch")
+    with pytest.raises(AlphabetTooLargeError, match="at most 2\\*\\*32 - 1 symbols"):
+        encode_symbols(np.array([0]), 1 << 32)  # a CodecError (one CLI line), a ValueError
     with pytest.raises(ValueError, match="alphabet_size"):
-        encode_symbols(np.array([0]), 65537)
+        encode_symbols_torch(torch.zeros(1, dtype=torch.int64), 65537)  # version 1 only
+    with pytest.raises(ValueError, match=r"lie in \[0, 151936\)"):
+        encode_symbols(np.array([0, 151936]), 151936)
+    with pytest.raises(ValueError, match="lanes"):
+        encode_symbols(np.array([0, 70000]), 151936, lanes=1)
     with pytest.raises(ValueError, match="alphabet_size"):
         encode_symbols(np.array([0]), 0)
     with pytest.raises(ValueError, match="1-D integer"):
@@ -297,3 +303,138 @@ def test_lane_state_and_word_tampering_is_detected():
 def test_import_does_not_load_torch():
     code = "import sys, seqkv_codecs.entropy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- version 2: alphabets past 65,536 (token ids of 150k-260k vocabularies) ----------------
+
+
+def _token_ids(n: int, alphabet: int, seed: int = 0) -> np.ndarray:
+    """Zipf-distributed ids spread over the whole alphabet, as a large vocabulary's text."""
+    rng = np.random.default_rng(seed)
+    ranks = np.minimum(rng.zipf(1.2, n), alphabet) - 1
+    return (ranks * 2_654_435_761 % alphabet).astype(np.int64)  # ranks scattered over ids
+
+
+@pytest.mark.parametrize(
+    ("alphabet", "n"),
+    [
+        *((a, n) for a in (65_537, 128_256, 151_936, 256_000, 262_144) for n in (0, 1, 7, 20_000)),
+        ((1 << 32) - 1, 300),  # the largest: ids over ~300 of its 65,536 blocks
+    ],
+)
+def test_wide_alphabets_round_trip_as_version_2(alphabet, n):
+    symbols = _token_ids(n, alphabet)
+    data = encode_symbols(symbols, alphabet)
+    assert data[0] == 2 and struct.unpack_from("<IQ", data, 4) == (alphabet, n)
+    out = decode_symbols(data, max_symbols=n)
+    assert out.dtype == np.uint32
+    np.testing.assert_array_equal(out, symbols)
+    assert decode_symbols(data, backend="torch").tolist() == symbols.tolist()
+    assert encode_symbols(symbols.astype(np.uint32), alphabet) == data
+
+
+def test_wide_costs_what_one_table_over_the_alphabet_would():
+    """The low plane is coded given the high one: the payload is the symbols' own entropy
+    (plus tables), not the sum of the two planes' entropies."""
+    ids = _token_ids(60_000, 151_936, seed=4)
+    data = encode_symbols(ids, 151_936)
+    ideal = _entropy_bits(ids) / 8
+    distinct = len(np.unique(ids))
+    # each distinct symbol costs its table entry (u16 in a list, a u8/u16 frequency)
+    assert ideal < len(data) < ideal * 1.02 + 4 * distinct + 200
+    high = ids >> 16
+    planes = (_entropy_bits(high) + _entropy_bits(ids & 0xFFFF)) / 8
+    assert planes - ideal > 10_000  # what independent planes would have wasted (10.2 kB)
+
+
+def test_alphabets_up_to_65536_keep_their_version_1_bytes():
+    ids = _token_ids(5_000, 65_536, seed=2)
+    data = encode_symbols(ids, 65_536)
+    assert data[0] == 1 and decode_symbols(data).dtype == np.uint16
+    assert (
+        hashlib.sha256(data).hexdigest()[:16]
+        == hashlib.sha256(encode_symbols(ids, 65_536, backend="torch")).hexdigest()[:16]
+    )
+
+
+def test_wide_golden_bytes():
+    """The version-2 layout of docs/ENTROPY_STREAM.md, pinned."""
+    data = encode_symbols(np.array([70_000, 5, 70_000, 131_071]), 131_072)
+    head = "02000000000002000400000000000000"  # version 2, A = 131072, n = 4
+    high = encode_symbols(np.array([1, 0, 1, 1]), 2)
+    low0 = encode_symbols(np.array([5]), 65_536)
+    low1 = encode_symbols(np.array([70_000 - 65_536, 70_000 - 65_536, 65_535]), 65_536)
+    parts = b"".join(struct.pack("<I", len(p)) + p for p in (high, low0, low1))
+    assert data.hex() == head + parts.hex()
+    assert len(data) == 16 + 4 + 41 + 4 + 35 + 4 + 44 == 148
+    assert hashlib.sha256(data).hexdigest()[:16] == "d93d0d09dd7f8eb0"
+    assert decode_symbols(data).tolist() == [70_000, 5, 70_000, 131_071]
+
+
+def _wide_sample() -> tuple[np.ndarray, bytes]:
+    ids = _token_ids(3_000, 200_000, seed=9)
+    return ids, encode_symbols(ids, 200_000)
+
+
+def test_wide_truncation_and_trailing_bytes_detected():
+    _, data = _wide_sample()
+    for end in [*range(0, 64, 3), *range(64, len(data), 211), len(data) - 1]:
+        with pytest.raises(CorruptStreamError):
+            decode_symbols(data[:end])
+    with pytest.raises(CorruptStreamError, match="1 unexpected trailing bytes"):
+        decode_symbols(data + b"\0")
+
+
+@pytest.mark.parametrize(
+    ("offset", "fmt", "value", "match"),
+    [
+        (1, "<B", 1, "inconsistent"),  # reserved
+        (4, "<I", 65_536, "inconsistent"),  # an alphabet version 1 holds
+        (4, "<I", 300_000, "plane"),  # the planes no longer match the alphabet
+        (8, "<Q", 1 << 40, "more than the 3000 expected"),
+        (8, "<Q", 2_999, "claims 3000 symbols"),  # the high plane holds 3000
+        (16, "<I", (1 << 32) - 1, "truncated"),  # the high plane's length
+    ],
+)
+def test_wide_header_damage_is_refused_without_allocating(offset, fmt, value, match):
+    _, data = _wide_sample()
+    bad = _patched(data, offset, fmt, value)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptStreamError, match=match):
+            decode_symbols(bad, max_symbols=3_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_wide_plane_swapped_or_miscounted_is_refused():
+    ids, data = _wide_sample()
+    high = encode_symbols((ids >> 16).astype(np.int64), 4)
+    # a high plane that sends one more symbol to block 0 than its low stream holds
+    shifted = (ids >> 16).astype(np.int64)
+    shifted[np.flatnonzero(shifted)[0]] = 0
+    bad = data[:16] + struct.pack("<I", len(high)) + encode_symbols(shifted, 4)
+    bad += data[20 + len(high) :]
+    with pytest.raises(CorruptStreamError, match="plane 0"):
+        decode_symbols(bad)
+
+
+def test_wide_bit_flips_raise_corrupt_or_keep_length():
+    ids, data = _wide_sample()
+    rng = np.random.default_rng(5)
+    detected, flips = 0, 60
+    for pos in rng.integers(0, len(data) * 8, flips):
+        bad = bytearray(data)
+        bad[pos // 8] ^= 1 << (pos % 8)
+        try:
+            out = decode_symbols(bytes(bad))
+        except CorruptStreamError:
+            detected += 1
+        else:
+            assert out.size == ids.size
+    # most of these bytes are the tables (~2,000 distinct ids in 3,000): a flip inside a
+    # symbol list that keeps it increasing decodes other ids of the same count, as in version
+    # 1; the container's CRC32C and the trie's token checks catch those
+    assert detected >= 0.75 * flips

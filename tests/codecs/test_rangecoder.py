@@ -17,9 +17,12 @@ from seqkv_codecs.sequential import (
     decode_symbol,
     decode_with_tables,
     encode_with_tables,
+    find_symbol,
     frequencies_from_logits,
     frequencies_from_logits_torch,
+    intervals_from_logits,
     rangecoder,
+    reference_frequencies,
 )
 from seqkv_codecs.sequential.probability import exp2_table
 
@@ -169,6 +172,89 @@ def test_cumulative_and_code_length() -> None:
         code_length_bits(freqs, [0, 3])
     with pytest.raises(CodecError):
         code_length_bits(np.array([0, 8]), [0])
+
+
+# --- the compiled kernels (row_jit) against the numpy definition ---------------------------
+
+
+def _kernel_cases() -> list[tuple[np.ndarray, int, int]]:
+    """(logits, P, floor): the extreme rows, large vocabularies, ties, tiny vocabularies."""
+    rng = np.random.default_rng(36)
+    cases = [(x, 24, 1) for x in _extreme_logits()]
+    for vocab in (151_936, 256_000, 262_144):
+        x = (rng.standard_normal((3, vocab)) * rng.uniform(0.5, 15, (3, 1))).astype(np.float32)
+        x[1, rng.integers(0, vocab, vocab // 3)] = -np.inf
+        x[2, :: vocab // 7] = x[2].max()  # several symbols share the maximum
+        cases.append((x, 24, 1))
+    ties = np.round(rng.standard_normal((2, VOCAB)) * 4).astype(np.float64)  # float64 rows
+    cases += [(ties, 24, 1), (ties, 20, 3), (ties, 31, 2)]
+    # 33,792 steps and the table threshold: just below and at MAX_STEPS + 1 symbols
+    for vocab in (33_792, 33_793, 1, 2, 3):
+        cases.append(((rng.standard_normal(vocab) * 30).astype(np.float32), 24, 1))
+    cases.append((np.array([[0.0, -np.inf, 5e-4, 1e-3]], np.float16), 16, 2))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(len(_kernel_cases())))
+def test_compiled_kernels_give_the_definitions_integers(case: int, monkeypatch) -> None:
+    import sys
+
+    logits, bits, floor = _kernel_cases()[case]
+    want = reference_frequencies(logits, bits, floor)
+    got = frequencies_from_logits(logits, bits, floor)
+    assert "seqkv_codecs.sequential.row_jit" in sys.modules  # the kernels ran, not numpy
+    assert got.dtype == np.int64 and got.shape == logits.shape
+    np.testing.assert_array_equal(got, want)
+    rows = want.reshape(-1, want.shape[-1])
+    cdf = cumulative(rows)
+    rng = np.random.default_rng(case)
+    symbols = rng.integers(0, rows.shape[1], len(rows))
+    low, freq = intervals_from_logits(logits.reshape(rows.shape), symbols, bits, floor)
+    index = np.arange(len(rows))
+    np.testing.assert_array_equal(low, cdf[index, symbols])
+    np.testing.assert_array_equal(freq, rows[index, symbols])
+    for row, c in zip(rows, cdf, strict=True):
+        for target in [0, (1 << bits) - 1, *rng.integers(0, 1 << bits, 20).tolist()]:
+            s = int(np.searchsorted(c, target, side="right")) - 1
+            assert find_symbol(row, target) == (s, int(c[s]))
+    monkeypatch.setenv("SEQKV_CODER_KERNELS", "off")  # the numpy paths: the same integers
+    np.testing.assert_array_equal(frequencies_from_logits(logits, bits, floor), want)
+    off = intervals_from_logits(logits.reshape(rows.shape), symbols, bits, floor)
+    np.testing.assert_array_equal(off[0], low)
+    np.testing.assert_array_equal(off[1], freq)
+    assert find_symbol(rows[0], (1 << bits) - 1) == (rows.shape[1] - 1, int(cdf[0, -2]))
+
+
+def test_find_symbol_skips_zero_frequencies_and_refuses_a_target_past_the_total(
+    monkeypatch,
+) -> None:
+    row = np.array([0, 3, 0, 0, 5, 0], np.int64)
+    for kernels in ("on", "off"):
+        monkeypatch.setenv("SEQKV_CODER_KERNELS", kernels)
+        assert [find_symbol(row, t) for t in (0, 2, 3, 7)] == [(1, 0), (1, 0), (4, 3), (4, 3)]
+        with pytest.raises(CorruptStreamError, match="past the frequency row's total"):
+            find_symbol(row, 8)
+
+
+@pytest.mark.parametrize("kernels", ["on", "off"])
+def test_kernels_and_numpy_refuse_bad_rows_with_the_same_message(kernels, monkeypatch) -> None:
+    monkeypatch.setenv("SEQKV_CODER_KERNELS", kernels)
+    good = np.zeros((2, 4), np.float32)
+    for bad, message in [
+        (np.array([0.0, np.nan], np.float32), "NaN or \\+inf"),
+        (np.array([0.0, np.inf], np.float32), "NaN or \\+inf"),
+        (np.full((2, 4), -np.inf, np.float32), "entirely -inf"),
+    ]:
+        with pytest.raises(CodecError, match=message):
+            frequencies_from_logits(bad)
+        with pytest.raises(CodecError, match=message):
+            intervals_from_logits(
+                bad.reshape(-1, bad.shape[-1]),
+                np.zeros(len(bad.reshape(-1, bad.shape[-1])), np.int64),
+                24,
+            )
+    with pytest.raises(CodecError, match="symbols in"):
+        intervals_from_logits(good, np.array([0, 4]), 24)
 
 
 # --- range coder ------------------------------------------------------------------------

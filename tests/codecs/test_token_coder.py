@@ -192,7 +192,7 @@ def test_wrong_model_and_bad_arguments_raise_codec_errors():
         (np.array([0.0, 1.0]), {}, "1-D integer"),
         (np.array([0, VOCAB]), {}, r"\[0, 97\)"),
         (np.array([-1, 0]), {}, r"\[0, 97\)"),
-        (random_tokens(5), {"precision_bits": 6}, "do not fit"),
+        (random_tokens(5), {"precision_bits": 6}, "97-symbol vocabulary does not fit 6-bit"),
         (random_tokens(5), {"chunk_size": 0}, "chunk_size"),
         (random_tokens(5), {"feed_chunk": 0}, "feed_chunk"),
     ]
@@ -206,6 +206,30 @@ def test_wrong_model_and_bad_arguments_raise_codec_errors():
 
     with pytest.raises(CodecError, match="shape"):
         encode_tokens(random_tokens(5), Flat())
+
+
+@pytest.mark.parametrize("vocab", [151_936, 256_000, 262_144])
+def test_large_vocabularies_round_trip_at_24_bits(vocab):
+    """Ids past 65,536 under 24-bit tables: exact, and the payload within the range coder's
+    flush of the ideal bits (the floors cost V / 2**24 of the mass: 1.6% at 262,144)."""
+    model = FakeLM(vocab)
+    tokens = np.random.default_rng(vocab).integers(0, vocab, 300)
+    tokens[:3] = [vocab - 1, 65_536, 0]
+    data, stats = encode_tokens_with_stats(tokens, model, chunk_size=128)
+    np.testing.assert_array_equal(decode_tokens(data, model), tokens)
+    assert read_token_stream_info(data).vocab_size == vocab
+    assert stats.payload_bytes <= stats.ideal_bits / 8 + stats.n_chunks
+    # the first token is uniform: 1 + (2**24 - V) // V for every id but 0 (which has the rest)
+    assert stats.position_bits[0] == 24 - np.log2(1 + ((1 << 24) - vocab) // vocab)
+
+
+def test_vocabulary_past_the_tables_is_refused_in_one_line():
+    """24-bit tables hold at most 2**24 - 1 symbols (each keeps a frequency of at least 1)."""
+    with pytest.raises(CodecError, match=r"^a 16,777,216-symbol vocabulary does not fit 24-bit "):
+        encode_tokens(np.array([0, 1]), FakeLM(1 << 24))
+    with pytest.raises(CodecError) as refusal:
+        encode_tokens(np.array([0]), FakeLM(1 << 25), precision_bits=24)
+    assert "\n" not in str(refusal.value) and "at most 16,777,215 symbols" in str(refusal.value)
 
 
 # --- the canonical forward on a tiny random llama ------------------------------------------

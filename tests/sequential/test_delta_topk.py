@@ -12,7 +12,7 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.engine import canonical_model, run_capture
 from seqkv_cli.runtime.numerics import LEGACY
 from seqkv_cli.sequential.branch import branch_kv
-from seqkv_cli.sequential.delta_topk import DeltaTopKCodec, flatten_kv, predict_kv
+from seqkv_cli.sequential.delta_topk import DeltaTopKCodec, flatten_kv, predict_kv, top_k
 from seqkv_codecs.adaptive_quant import bits_from_surprisal, dequantize, quantize
 from seqkv_codecs.errors import CodecError, CorruptStreamError
 
@@ -76,6 +76,19 @@ def entry(cap) -> dict:
 
 
 # -- what-if forward ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("vocab", "k"), [(1, 1), (5, 5), (300, 1), (300, 8), (256_000, 4)])
+def test_top_k_is_the_head_of_a_stable_descending_sort(vocab, k):
+    """The candidates at or above the k-th value, sorted alone, give what sorting the whole
+    vocabulary gave (ties to the lower id), without sorting 256,000 logits per position."""
+    g = torch.Generator().manual_seed(vocab + k)
+    logits = torch.round(torch.randn(12, vocab, generator=g) * 2)  # many ties
+    logits[3] = 1.0  # a row of one value: its first k ids
+    logits[5, : min(vocab, 40)] = logits[5].max()  # ties at the top, more than k of them
+    values, ids = top_k(logits, k)
+    want = torch.sort(logits, dim=-1, descending=True, stable=True)
+    assert torch.equal(values, want.values[:, :k]) and torch.equal(ids, want.indices[:, :k])
 
 
 def test_true_token_rows_reproduce_the_cached_kv_bit_for_bit(canon):

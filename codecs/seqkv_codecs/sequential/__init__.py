@@ -6,8 +6,11 @@ from seqkv_codecs.sequential.probability import (
     MAX_PRECISION_BITS,
     code_length_bits,
     cumulative,
+    find_symbol,
     frequencies_from_logits,
     frequencies_from_logits_torch,
+    intervals_from_logits,
+    reference_frequencies,
 )
 from seqkv_codecs.sequential.rangecoder import (
     RangeDecoder,
@@ -41,7 +44,10 @@ __all__ = [
     "encode_tokens",
     "encode_tokens_with_stats",
     "encode_with_tables",
+    "find_symbol",
     "frequencies_from_logits",
     "frequencies_from_logits_torch",
+    "intervals_from_logits",
     "read_token_stream_info",
+    "reference_frequencies",
 ]

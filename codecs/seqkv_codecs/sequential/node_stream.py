@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 
 from seqkv_codecs.errors import CorruptStreamError
-from seqkv_codecs.sequential.probability import cumulative
+from seqkv_codecs.sequential.probability import find_symbol
 from seqkv_codecs.sequential.rangecoder import RangeDecoder, RangeEncoder
 
 
@@ -29,29 +29,6 @@ def intervals(freqs: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.nda
     ids = np.asarray(tokens, dtype=np.int64)[:, None]
     low = np.where(np.arange(freqs.shape[-1])[None, :] < ids, freqs, 0).sum(axis=1)
     return low, np.take_along_axis(freqs, ids, axis=1)[:, 0]
-
-
-ROW_BLOCK = 4  # rows per table: a (rows x V) int64 table stays in cache (profiled: 2.5x faster)
-
-
-def intervals_from_logits(
-    logits: np.ndarray, tokens: np.ndarray, precision_bits: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(cum_low, freq) of tokens[i] under row i of ``logits``, built a few rows at a time.
-
-    Rows are independent, so the blocking changes speed, not a single value.
-    """
-    from seqkv_codecs.sequential.probability import frequencies_from_logits
-
-    lows, freqs = [], []
-    for r in range(0, len(tokens), ROW_BLOCK):
-        table = frequencies_from_logits(logits[r : r + ROW_BLOCK], precision_bits)
-        low, freq = intervals(table, tokens[r : r + ROW_BLOCK])
-        lows.append(low)
-        freqs.append(freq)
-    if not lows:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(lows), np.concatenate(freqs)
 
 
 def encode_node(low: np.ndarray, freq: np.ndarray, precision_bits: int) -> bytes:
@@ -97,10 +74,8 @@ class NodeDecoder:
 
     def step(self, row: np.ndarray) -> int:
         """Decode the next token under frequency ``row``; returns it."""
-        cdf = cumulative(row)
-        target = self._dec.peek(self.precision)
-        symbol = int(np.searchsorted(cdf, target, side="right")) - 1
-        self._dec.advance(int(cdf[symbol]), int(row[symbol]), self.precision)
+        symbol, low = find_symbol(row, self._dec.peek(self.precision))
+        self._dec.advance(low, int(row[symbol]), self.precision)
         self.out[self.pos] = symbol
         self.pos += 1
         return symbol

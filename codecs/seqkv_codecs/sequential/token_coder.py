@@ -25,7 +25,11 @@ import numpy as np
 from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.framing import StreamReader, with_crc32
 from seqkv_codecs.sequential.logits_model import LogitsModel, feed_checked
-from seqkv_codecs.sequential.probability import cumulative, frequencies_from_logits
+from seqkv_codecs.sequential.probability import (
+    find_symbol,
+    frequencies_from_logits,
+    intervals_from_logits,
+)
 from seqkv_codecs.sequential.rangecoder import RangeDecoder, RangeEncoder
 
 MAGIC = b"SKTK"
@@ -35,9 +39,6 @@ _HEAD = struct.Struct("<4sBBBBIII")  # magic, version, P, first-token coding, re
 _FIELDS = "<BBBIII"  # _HEAD after its magic and version
 _ENTRY = struct.Struct("<II")  # payload length, CRC32 of the chunk's token ids
 _U32 = (1 << 32) - 1
-# rows x V per frequency batch: a few rows keep the int64 tables in cache (profiled: a
-# 256-row batch ran 2.5x slower per row than 4 rows; values do not depend on the batching)
-_BATCH_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True, eq=False)  # eq would compare arrays
@@ -93,16 +94,11 @@ def _intervals(ids: np.ndarray, model: LogitsModel, precision_bits: int, feed_ch
     low[0], freq[0] = first[: ids[0]].sum(), first[ids[0]]
     if n == 1:
         return low, freq
-    state, columns = model.start(n - 1), np.arange(vocab)
-    batch = max(1, _BATCH_ELEMENTS // vocab)
+    state = model.start(n - 1)
     for s in range(0, n - 1, feed_chunk):
         logits = feed_checked(model, state, ids[s : min(s + feed_chunk, n - 1)])
-        for r in range(0, len(logits), batch):
-            f = frequencies_from_logits(logits[r : r + batch], precision_bits)
-            pos = slice(s + 1 + r, s + 1 + r + len(f))
-            nxt = ids[pos, None]
-            low[pos] = np.where(columns < nxt, f, 0).sum(axis=1)
-            freq[pos] = np.take_along_axis(f, nxt, axis=1)[:, 0]
+        pos = slice(s + 1, s + 1 + len(logits))
+        low[pos], freq[pos] = intervals_from_logits(logits, ids[pos], precision_bits)
     return low, freq
 
 
@@ -214,7 +210,6 @@ def read_token_stream_info(data: bytes) -> TokenStreamInfo:
 
 
 def decode_one_token(dec: RangeDecoder, row: np.ndarray, precision_bits: int) -> int:
-    cdf = cumulative(row)
-    symbol = int(np.searchsorted(cdf, dec.peek(precision_bits), side="right")) - 1
-    dec.advance(int(cdf[symbol]), int(row[symbol]), precision_bits)
+    symbol, low = find_symbol(row, dec.peek(precision_bits))
+    dec.advance(low, int(row[symbol]), precision_bits)
     return symbol
