@@ -2,12 +2,11 @@
 
 A member whose prefix differs from its cluster's centroid by a small edit would branch off
 the trie at the edit and pay for the whole rest of the shared prompt again. Instead its
-tokens are an edit stream against the centroid (neardup_edits.py, docs/NEARDUP.md; inserted
+tokens are an edit stream against the centroid (trie/neardup, docs/NEARDUP.md; inserted
 tokens range-coded under the model for `seq`), stored as the session's ``edits`` part; its
 path in the trie covers only the prefix it shares exactly. Restore decodes the centroid,
 applies the edits, and recomputes the member's K/V with one canonical prefill (then its
 residual, if any).
-Measured gain: docs/BENCHMARKS.md, "Near-duplicate prefixes".
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.neardup_align import align, common_prefix_len
-from seqkv_cli.trie.neardup_cluster import cluster
-from seqkv_cli.trie.neardup_edits import decode_edits, encode_edits
+from seqkv_cli.trie.neardup import align, cluster, common_prefix_len, decode_edits, encode_edits
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 

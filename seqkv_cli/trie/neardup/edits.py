@@ -1,11 +1,9 @@
 """The near-duplicate edit stream ``SKND``: an edit script as bytes, checked when read back.
 
-Why a module of its own: this is a file format (byte layout, version, limits and refusals,
-specified in docs/NEARDUP.md) and nothing else; what the edits are comes from
-neardup_align.py, how inserted tokens are coded under a model from neardup_model.py, and
-where the stream sits in an archive from neardup_store.py. Only inserted tokens cost real
-bits: varints, or range-coded under the model conditioned on the member's own prefix.
-Measured gain: docs/BENCHMARKS.md, "Near-duplicate prefixes".
+The byte layout, version, limits and refusals (docs/NEARDUP.md) and nothing else: what
+the edits are comes from alignment.py, how inserted tokens are coded under a model from model.py.
+Only inserted tokens cost real bits: varints, or range-coded under the model conditioned on
+the member's own prefix.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ import zlib
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.neardup_align import COPY, DELETE, INSERT, Edit, apply_edits, token_ids
-from seqkv_cli.trie.neardup_model import decode_inserted, encode_inserted
+from seqkv_cli.trie.neardup.alignment import COPY, DELETE, INSERT, Edit, apply_edits, token_ids
+from seqkv_cli.trie.neardup.model import decode_inserted, encode_inserted
 from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 

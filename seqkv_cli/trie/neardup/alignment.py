@@ -1,10 +1,10 @@
 """Token alignment of a near-duplicate member against its centroid, as copy/delete/insert runs.
 
-Why a module of its own: what a member shares with its centroid is decided here and only here.
-The clustering (neardup_cluster.py) prices candidate deltas with these alignments, and the
-edit stream (neardup_edits.py) stores the edits they produce, so both see the same runs.
-Exact-prefix dedup stops at the first differing token; an alignment (difflib's) keeps going,
-so "You are a helpful …" and "You are an AI …" share the 700 tokens after the edit too.
+What a member shares with its centroid is decided here and only here: the clustering prices
+candidate deltas with these alignments and the edit stream stores the edits they produce, so
+both see the same runs. Exact-prefix dedup stops at the first differing token; an alignment
+(difflib's) keeps going, so "You are a helpful …" and "You are an AI …" share every token
+after the edit too.
 """
 
 from __future__ import annotations

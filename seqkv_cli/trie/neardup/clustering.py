@@ -1,9 +1,8 @@
 """Which sessions are near-duplicates of which: candidate search, clustering, medoids.
 
-Why a module of its own: choosing centroids is a search over all sessions of a compress run
-(shingle index, single-linkage clusters, medoids), with its own cost bounds; storing one
-member as a delta (neardup_edits.py) needs none of it. It reads alignments through
-neardup_align.py only. Also here: the distances the benchmarks compare (`near_prefix`,
+Choosing centroids is a search over all sessions of a compress run (shingle index,
+single-linkage clusters, medoids) with its own cost bounds; it reads alignments through
+alignment.py only. Also here: the distances the benchmarks compare (`near_prefix`,
 `plt_distance`).
 """
 
@@ -14,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.neardup_align import fold, opcodes, token_ids
+from seqkv_cli.trie.neardup.alignment import fold, opcodes, token_ids
 
 ANCHOR = 8  # a near prefix must end on a run of at least this many equal tokens
 SHINGLE = 8  # tokens per shingle: any linking pair shares one (an equal run is >= 8 tokens)

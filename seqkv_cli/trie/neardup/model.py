@@ -1,19 +1,18 @@
 """Inserted tokens of an edit script, range-coded under the model (what `seq` would pay).
 
-Why a module of its own: this is the only part of near-duplicate storage that runs a model.
-Each inserted token is coded under the model's next-token row after the member's own tokens
-before it (a member's first token under the uniform row, as in docs/TOKEN_STREAM.md), so the
-encoder and the decoder must feed the model the same member prefix in the same order; that
-coupling is kept together here, away from the byte layout (neardup_edits.py). Errors of the
-codec library (a model returning the wrong shape, a payload that does not decode) surface as
-its CodecError for the caller to word.
+The only part of near-duplicate storage that runs a model. Each inserted token is coded under
+the model's next-token row after the member's own tokens before it (a member's first token
+under the uniform row, as in docs/TOKEN_STREAM.md), so the encoder and the decoder
+must feed the model the same member prefix in the same order; that coupling is kept together
+here, away from the byte layout (edits.py). Errors of the codec library (a model returning the
+wrong shape, a payload that does not decode) surface as its CodecError for the caller to word.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from seqkv_cli.trie.neardup_align import COPY, DELETE, INSERT, Edit
+from seqkv_cli.trie.neardup.alignment import COPY, DELETE, INSERT, Edit
 from seqkv_codecs.sequential import (
     RangeDecoder,
     RangeEncoder,
