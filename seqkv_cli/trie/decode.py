@@ -5,7 +5,8 @@ point. `seq` nodes step the model once per token, several nodes in lockstep as r
 pass, in the order trie/schedule.py decides; `seq-fast` nodes are one prefill each. A node is
 released once its children have started and its sessions are out, so memory holds the
 current frontier, not the archive. Reading nodes: node_source.py; one node's token-by-token
-decoding and its guesses: node_stepper.py; a session's capture: assemble.py.
+decoding and its guesses: node_stepper.py; a finished node's run becomes a session's capture
+here (`session_capture`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled
+from seqkv_cli.kvcapture.capture_file import DTYPES
+from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled, unrounded_kv
 from seqkv_cli.sequential.registry import capabilities
-from seqkv_cli.trie.assemble import session_capture
+from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.node_source import NodeSource
 from seqkv_cli.trie.node_stepper import NodeStepper
-from seqkv_cli.trie.runs import Run, prefill, start_run
+from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.schedule import Schedule, needed_nodes
 from seqkv_cli.trie.store import TrieContents
 
@@ -69,6 +71,24 @@ def restore(
     for n, done in decoding.stepped() if stepping else decoding.prefilled():
         for s in need.ending.get(n, []):
             yield s, session_capture(done, contents, s, entries[s], reads[s], canon)
+
+
+def session_capture(run, contents: TrieContents, s: int, entry: dict, read, canon):
+    """Session `s` (its entry, its parts' reader) as a Capture from `run` (its end node's
+    run, or the error that stopped it), or the SeqkvError that stops the session."""
+    if isinstance(run, Exception):
+        return SeqkvError(f"session {entry['id']}: {run}")
+    rec = contents.sessions[s]
+    try:
+        keys, values, surprisal = session_kv(run, rec.end, DTYPES[entry["dtype"]], canon.num_layers)
+        tokens = run.all_tokens(rec.end)
+        # residuals resting on another session are applied once it is restored (skv/restore_trie.py)
+        unrounded = unrounded_kv(run.track.state, run.start + rec.end)
+        return finish_capture(
+            entry, read, tokens, keys, values, surprisal, deferred={}, unrounded=unrounded
+        )
+    except SeqkvError as exc:
+        return exc
 
 
 class _Decoding:
