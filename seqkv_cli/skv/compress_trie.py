@@ -7,7 +7,14 @@ from pathlib import Path
 import numpy as np
 
 from seqkv_cli.clock import created_utc
+from seqkv_cli.container import ContainerWriter
+from seqkv_cli.container.compact import write_compact
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import discard_quietly, publish, staging_name
+from seqkv_cli.trie.compact import compact_form
+from seqkv_cli.trie.encode import SegmentBuild
+from seqkv_cli.trie.segment import segment_sections
+from seqkv_cli.trie.store import TRIE_VERSION
 
 
 def compress_sources(
@@ -26,13 +33,13 @@ def compress_sources(
     tokens only); `meta`: entries added to the header's `meta` (a full-layout file only).
 
     `layout`: "auto" (one session that qualifies: a compact file), "compact" or "trie"
-    (trie/write.py, write_new). `on_session(index, capture)`: each tokens-only source as
+    (`write_new`). `on_session(index, capture)`: each tokens-only source as
     the walk recomputed it (trie/encode.py), before the archive is verified and published."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.sequential.registry import capabilities
     from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
     from seqkv_cli.skv.result import CompressResult
-    from seqkv_cli.trie import write
+    from seqkv_cli.trie import segment
     from seqkv_cli.trie.plan import Trie
 
     seen, header_model = set(), None
@@ -60,8 +67,8 @@ def compress_sources(
 
         members = choose_members(sources)
     trie = Trie()
-    ends = write.plan(trie, sources, members)
-    build = write.build_segment(
+    ends = segment.plan(trie, sources, members)
+    build = segment.build_segment(
         trie, 0, sources, ends, coder, canon, on_progress, members=members, on_session=on_session
     )
     meta = {
@@ -69,13 +76,17 @@ def compress_sources(
         "created": created_utc(),
         "writer": writer_version(),
     }
+    # `.{out}.{host}-{pid}-{random}.staging`: unique to this run, so two compresses to the
+    # same output never delete or publish each other's file; named after its writer, so a
+    # later run deletes the ones whose writer died (SIGKILL leaves them behind)
+    tmp = staging_name(out, ".staging")
     try:
-        file_bytes, written = write.write_new(out, build, coder, header_model, meta, layout)
+        file_bytes, written = write_new(tmp, out, build, coder, header_model, meta, layout)
         if check:
-            verify_against(write.staging(out), sources, coder, lm)
-        write.publish(out)
+            verify_against(tmp, sources, coder, lm)
+        publish(tmp, out)
     except BaseException:
-        write.discard(out)
+        discard_quietly(tmp)
         raise
     result = CompressResult(out, len(sources), sum(len(s.tokens) for s in sources))
     result.input_kv_bytes = sum(_kv_bytes(s.meta, len(s.tokens)) for s in sources)
@@ -88,6 +99,42 @@ def compress_sources(
         result.part_bytes["trie tables"] = len(build.parts["index"])
     result.part_bytes["header"] = file_bytes - sum(len(d) for d in stored)
     return result
+
+
+def write_new(
+    tmp: Path,
+    out: Path,
+    build: SegmentBuild,
+    coder,
+    header_model: dict,
+    meta: dict,
+    layout: str = "trie",
+) -> tuple[int, str]:
+    """Write a one-segment trie archive for `out` to its staging file `tmp`: its size and
+    layout.
+
+    ``layout="auto"`` writes a one-session segment as a compact file (format 1.2: no JSON
+    header, no capture provenance) where it qualifies, ``"compact"`` insists on it, and
+    ``"trie"`` always writes the full layout. The caller verifies `tmp` and publishes it as
+    `out` or drops it.
+    """
+    if layout in ("auto", "compact"):
+        form = compact_form(build, coder.get_config(), header_model)
+        if not isinstance(form, str):
+            return write_compact(tmp, *form), "compact"
+        if layout == "compact":
+            raise SeqkvError(f"{out} cannot be a compact single-session file: {form}")
+    header = {
+        "pipeline": [coder.get_config()],
+        "model": header_model,
+        "sessions": [],
+        "meta": meta,
+        "trie": {"version": TRIE_VERSION},
+    }
+    with ContainerWriter(tmp) as writer:
+        for name, data in segment_sections(build, 1):
+            writer.add_section(name, data)
+        return writer.finish(header).file_bytes, "trie"
 
 
 def verify_against(path: Path, sources, coder, lm) -> None:

@@ -69,8 +69,8 @@ def test_trie_stores_a_shared_prefix_once_and_restores_exactly(caps, tiny_lm, tm
 
 def test_seq_trie_token_bytes_follow_the_surprisal_of_stored_tokens(caps, tiny_lm, tmp_path):
     from seqkv_cli.trie.plan import Trie
+    from seqkv_cli.trie.segment import plan
     from seqkv_cli.trie.sources import Source
-    from seqkv_cli.trie.write import plan
 
     compress_captures(caps, tmp_path / "t.skv", codec="seq", model=tiny_lm)
     with Archive(tmp_path / "t.skv", model=tiny_lm) as arc:
@@ -163,9 +163,9 @@ def test_compact_folds_segments_and_converts_flat_files(caps, tiny_lm, tmp_path)
 def test_trie_tables_cost_under_16_bytes_per_branching_session(tiny_lm, tmp_path):
     from seqkv_cli.trie.encode import SegmentBuild, session_records
     from seqkv_cli.trie.plan import Trie
+    from seqkv_cli.trie.segment import plan
     from seqkv_cli.trie.sources import Source
     from seqkv_cli.trie.tables import Node, encode_tables
-    from seqkv_cli.trie.write import plan
 
     rng = np.random.default_rng(0)
     prefix = rng.integers(0, 250, 2000)
