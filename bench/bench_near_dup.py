@@ -62,7 +62,7 @@ def sessions(lm) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
 
 def copy_pairs(edits, start: int, stop: int = 1 << 30) -> tuple[np.ndarray, np.ndarray]:
     """(centroid, member) positions the delta copies, start <= member position < stop."""
-    from seqkv_cli.trie.neardup import COPY, DELETE, INSERT
+    from seqkv_cli.trie import COPY, DELETE, INSERT
 
     ci, mj, i, j = [], [], 0, 0
     for e in edits:
@@ -79,7 +79,7 @@ def copy_pairs(edits, start: int, stop: int = 1 << 30) -> tuple[np.ndarray, np.n
 def token_costs(canon, name: str, c, base, m: np.ndarray, lcp: int, cap_m):
     """Exact-prefix branch (against `base`) vs near-dup delta (against centroid `c`), bytes."""
     from seqkv_cli.sequential.adapter import CanonicalLogits
-    from seqkv_cli.trie.neardup import COPY, DELETE, INSERT, Edit, align, decode_edits, encode_edits
+    from seqkv_cli.trie import COPY, DELETE, INSERT, Edit, align, decode_edits, encode_edits
 
     exact = [
         Edit(COPY, lcp),
@@ -197,7 +197,7 @@ def decay(cap_c, cap_m, ci: np.ndarray, mj: np.ndarray, first: int) -> dict:
 
 def measure(lm, canon, family: dict[str, list[int]], centroid: str, members: list[str]) -> list:
     from seqkv_cli.kvcapture.engine import run_capture
-    from seqkv_cli.trie.neardup import common_prefix_len, near_prefix, plt_distance
+    from seqkv_cli.trie import common_prefix_len, near_prefix, plt_distance
 
     caps = {n: run_capture(lm, family[n], dtype="fp32") for n in [centroid, *members]}
     c = np.array(family[centroid], np.int64)
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = harness.parser(__doc__)
     args = parser.parse_args(argv)
     from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.trie.neardup import cluster
+    from seqkv_cli.trie import cluster
 
     start = time.perf_counter()
     lm = harness.start(args)

@@ -39,7 +39,7 @@ def make_captures(lm, n: int, prefix_len: int, tail: int, out: Path) -> list[Pat
     from seqkv_cli.kvcapture.engine import canonical_model
     from seqkv_cli.runtime.canonical import NUMERIC_PATH
     from seqkv_cli.sequential.adapter import CanonicalLogits
-    from seqkv_cli.trie.runs import fork_track
+    from seqkv_cli.trie import fork_track
 
     canon = canonical_model(lm)
     prefix, pool = corpus_tokens(lm.tokenizer)

@@ -105,7 +105,7 @@ def _decoded_tokens(arc, entries) -> int:
     """Tokens the restore decodes: every trie node on the sessions' paths, once."""
     if arc.trie is None:
         return sum(e["positions"] for e in entries)
-    from seqkv_cli.trie.store import chain
+    from seqkv_cli.trie import chain
 
     nodes = set()
     for e in entries:

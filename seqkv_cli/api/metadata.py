@@ -12,7 +12,7 @@ import json
 
 from seqkv_cli.container.schema import SchemaViolation, check_json_value
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.tables import MAX_JSON_DEPTH, NAMES_BYTES_PER_SESSION, too_deep
+from seqkv_cli.trie import MAX_JSON_DEPTH, NAMES_BYTES_PER_SESSION, too_deep
 
 USER_META_KEY = "meta"  # where a session's `add(meta=...)` is kept in its capture metadata
 # The segment's names hold the user's dict four levels down: {"sessions": [[id, {"meta": ...}]]}

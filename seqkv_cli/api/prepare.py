@@ -28,7 +28,7 @@ class PreparedSession:
 def prepare_session(lm, runner, coder, sid: str, args: dict) -> PreparedSession:
     """Session `sid` (a checked id) with `add`'s arguments `args` (by name, defaults filled in),
     for an archive of `lm` coded by `coder`; `runner` is the user's model a replay re-runs."""
-    from seqkv_cli.trie.sources import Source
+    from seqkv_cli.trie import Source
 
     ids = token_list(args["input_ids"], lm.vocab_size)
     meta = check_meta(args["meta"])

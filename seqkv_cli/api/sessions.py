@@ -39,7 +39,7 @@ def compress_sessions(
     from seqkv_cli.kvcapture.engine import canonical_model, provenance
     from seqkv_cli.runtime.loading import resolve_model
     from seqkv_cli.skv.compress_trie import compress_sources
-    from seqkv_cli.trie.sources import Source
+    from seqkv_cli.trie import Source
 
     coder = session_codec(codec, numerics)
     lm = resolve_model(model, tokenizer=tokenizer)

@@ -12,8 +12,21 @@ from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.sequential.registry import capabilities
-from seqkv_cli.trie.encode import refuse_empty
-from seqkv_cli.trie.sources import Source
+from seqkv_cli.trie import (
+    MAX_POSITIONS,
+    NodeSource,
+    PartReader,
+    Source,
+    archive_header,
+    check_context,
+    encode_tables,
+    grow_segment,
+    load_trie,
+    part_name,
+    refuse_empty,
+    segment_sections,
+    tables_of,
+)
 
 
 @dataclass
@@ -35,8 +48,6 @@ def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> 
     """Append sessions (capture files or in-memory captures) to the trie archive `path`."""
     from seqkv_cli.container import locked_for_append
     from seqkv_cli.sequential.registry import resolve_codec
-    from seqkv_cli.trie import store
-    from seqkv_cli.trie.segment import grow_segment, segment_sections
 
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
@@ -61,7 +72,7 @@ def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> 
                 "convert it with `seqkv archive compact` first"
             )
         # bounded before the model is known; _model_side checks the model's own context
-        contents = store.load(reader, Path(path), max_context=store.MAX_POSITIONS)
+        contents = load_trie(reader, Path(path), max_context=MAX_POSITIONS)
         coder = resolve_codec(header["pipeline"][0])
         _check_new(sources, contents, header, path)
         before = reader.slot.committed_end  # a torn tail of a killed add is dropped, not kept
@@ -82,9 +93,6 @@ def _expand_compact(appender, model, path):
     against the file's fingerprint, is returned for the append that follows."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
     from seqkv_cli.skv.identity import fingerprint_matches
-    from seqkv_cli.trie.compact import tables_of
-    from seqkv_cli.trie.store import TRIE_VERSION, part_name
-    from seqkv_cli.trie.tables import encode_tables
 
     lm = model if isinstance(model, LoadedModel) else load_model(model)
     want = appender.reader.compact.fingerprint
@@ -100,13 +108,9 @@ def _expand_compact(appender, model, path):
     }
     session = appender.reader.compact
     payload = appender.reader.read_section(part_name(1, "tokens"))
-    header = {
-        "pipeline": [session.pipeline_config()],
-        "model": ident,
-        "sessions": [],
-        "meta": {"expanded_from": "compact single-session file"},
-        "trie": {"version": TRIE_VERSION},
-    }
+    header = archive_header(
+        session.pipeline_config(), ident, {"expanded_from": "compact single-session file"}
+    )
     index = encode_tables(tables_of(session, len(payload)), 0)
     appender.rewrite(header, [(part_name(1, "index"), index), (part_name(1, "tokens"), payload)])
     return lm
@@ -130,9 +134,6 @@ def _check_new(sources: list[Source], contents, header: dict, path) -> None:
 
 def _model_side(coder, contents, reader, model, header, path):
     """The canonical model (checked against the archive's) and a reader of node tokens."""
-    from seqkv_cli.trie.node_source import NodeSource
-    from seqkv_cli.trie.store import PartReader
-
     if not capabilities(coder).needs_canonical:
         return None, NodeSource(contents, PartReader(reader), 1 << 32, 24)
     from seqkv_cli.skv.identity import load_canonical
@@ -144,8 +145,6 @@ def _model_side(coder, contents, reader, model, header, path):
             f"{path} was compressed with fingerprint {str(want)[:16]}; the loaded model has "
             f"{ident['fingerprint'][:16]}; pass --model with the right one"
         )
-    from seqkv_cli.trie.store import check_context
-
     check_context(contents, canon.max_context, path)
     source = NodeSource(contents, PartReader(reader), canon.vocab_size, coder.precision_bits)
     return canon, source

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from seqkv_cli.skv.accounting import account
 from seqkv_cli.skv.restore import Archive
-from seqkv_cli.trie.costs import session_costs, trie_shape
+from seqkv_cli.trie import session_costs, trie_shape
 
 
 def session_rows(path: Path) -> tuple[list[dict], str]:

@@ -190,7 +190,7 @@ class _Collector:
 
     def _trie(self, arc, path: Path, source: str) -> None:
         """The trie's shape and what sharing saved (DESIGN.md §2: coverage, PLT bits)."""
-        from seqkv_cli.trie.costs import trie_shape
+        from seqkv_cli.trie import trie_shape
 
         shape = trie_shape(arc)
         positions = max(sum(e["positions"] for e in arc.sessions), 1)

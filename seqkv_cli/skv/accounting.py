@@ -60,7 +60,7 @@ def account(archive) -> Accounting:
     sessions, positions = [], 0
     trie_costs = None
     if getattr(archive, "trie", None) is not None:
-        from seqkv_cli.trie.costs import session_costs
+        from seqkv_cli.trie import session_costs
 
         trie_costs = session_costs(archive)
     for i, entry in enumerate(archive.sessions):

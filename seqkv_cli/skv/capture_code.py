@@ -33,7 +33,7 @@ def capture_and_code(
     from seqkv_cli.kvcapture.engine import canonical_model, provenance
     from seqkv_cli.sequential.registry import resolve_codec
     from seqkv_cli.skv.compress_trie import compress_sources
-    from seqkv_cli.trie.sources import Source
+    from seqkv_cli.trie import Source
 
     path = canonical_model(lm, numerics).numeric_path
 

@@ -79,7 +79,7 @@ def compress_captures(
         raise SeqkvError(f"{what} code each session on its own: use --layout flat (or auto)")
     if layout != "flat" and caps.trie_capable:
         from seqkv_cli.skv.compress_trie import compress_sources
-        from seqkv_cli.trie.sources import Source
+        from seqkv_cli.trie import Source
 
         sources = [Source.from_path(path) for path in paths]
         return compress_sources(

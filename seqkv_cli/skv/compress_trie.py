@@ -11,10 +11,16 @@ from seqkv_cli.container import ContainerWriter
 from seqkv_cli.container.compact import write_compact
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import discard_quietly, publish, staging_name
-from seqkv_cli.trie.compact import compact_form
-from seqkv_cli.trie.encode import SegmentBuild
-from seqkv_cli.trie.segment import segment_sections
-from seqkv_cli.trie.store import TRIE_VERSION
+from seqkv_cli.trie import (
+    SegmentBuild,
+    Trie,
+    archive_header,
+    build_segment,
+    choose_members,
+    compact_form,
+    place_sessions,
+    segment_sections,
+)
 
 
 def compress_sources(
@@ -39,8 +45,6 @@ def compress_sources(
     from seqkv_cli.sequential.registry import capabilities
     from seqkv_cli.skv.identity import load_canonical, same_model, writer_version
     from seqkv_cli.skv.result import CompressResult
-    from seqkv_cli.trie import segment
-    from seqkv_cli.trie.plan import Trie
 
     seen, header_model = set(), None
     for src in sources:
@@ -63,12 +67,10 @@ def compress_sources(
     if near_dup:
         if canon is None:
             raise SeqkvError("--near-dup needs a model-backed codec (seq or seq-fast)")
-        from seqkv_cli.trie.neardup_store import choose_members
-
         members = choose_members(sources)
     trie = Trie()
-    ends = segment.plan(trie, sources, members)
-    build = segment.build_segment(
+    ends = place_sessions(trie, sources, members)
+    build = build_segment(
         trie, 0, sources, ends, coder, canon, on_progress, members=members, on_session=on_session
     )
     meta = {
@@ -124,13 +126,7 @@ def write_new(
             return write_compact(tmp, *form), "compact"
         if layout == "compact":
             raise SeqkvError(f"{out} cannot be a compact single-session file: {form}")
-    header = {
-        "pipeline": [coder.get_config()],
-        "model": header_model,
-        "sessions": [],
-        "meta": meta,
-        "trie": {"version": TRIE_VERSION},
-    }
+    header = archive_header(coder.get_config(), header_model, meta)
     with ContainerWriter(tmp) as writer:
         for name, data in segment_sections(build, 1):
             writer.add_section(name, data)

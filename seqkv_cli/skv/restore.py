@@ -17,6 +17,14 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.blocks import to_tensor
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.skv.session_entries import check_entry
+from seqkv_cli.trie import (
+    MAX_POSITIONS,
+    PartReader,
+    check_context,
+    check_precision,
+    load_trie,
+    session_entries,
+)
 
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
 
@@ -39,12 +47,10 @@ class Archive:
         self.trie = None
         self.sessions: list[dict] = header["sessions"]
         if "trie" in header:
-            from seqkv_cli.trie import store
-
             # The model (and its context) is known only once loaded: canonical() checks again.
-            self.trie = store.load(self.reader, self.path, max_context=store.MAX_POSITIONS)
+            self.trie = load_trie(self.reader, self.path, max_context=MAX_POSITIONS)
             sizes = {s.name: s.length for s in self.reader.sections}
-            self.sessions = store.entries(self.trie, sizes, self.reader.read_section)
+            self.sessions = session_entries(self.trie, sizes, self.reader.read_section)
         for entry in self.sessions:
             check_entry(self.path, entry)
         self.model: dict = header["model"] or {}
@@ -53,16 +59,12 @@ class Archive:
             raise SeqkvError(f"{self.path}: pipelines of {len(pipeline)} stages are not supported")
         self.codec = resolve_codec(pipeline[0])
         if self.needs_model:  # from the file's own config: refuse a bad one in one line
-            from seqkv_cli.trie.node_source import check_precision
-
             try:
                 check_precision(getattr(self.codec, "precision_bits", 24))
             except SeqkvError as exc:
                 raise SeqkvError(f"{self.path}: {exc}") from None
         self._model_spec, self._canon = model, None
         if self.trie is not None:
-            from seqkv_cli.trie.store import PartReader
-
             self.read_part = PartReader(self.reader)
 
     @property
@@ -85,8 +87,6 @@ class Archive:
             if want != ident["fingerprint"]:  # a compact file's prefix: restored captures
                 self.model = dict(ident)  # name the model whole, as their capture did
             if self.trie is not None:
-                from seqkv_cli.trie.store import check_context
-
                 check_context(self.trie, canon.max_context, self.path)
             self._canon = canon
         return self._canon

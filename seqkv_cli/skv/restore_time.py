@@ -80,7 +80,7 @@ def _passes(arc) -> tuple[int, int, int]:
     from seqkv_cli.skv.restore import SESSION_BATCH
 
     if arc.trie is not None:
-        from seqkv_cli.trie.schedule import planned_passes
+        from seqkv_cli.trie import planned_passes
 
         passes, tokens = planned_passes(arc.trie, list(range(len(arc.sessions))))
     else:  # flat archives: sessions in batches, each batch as long as its longest run

@@ -13,6 +13,15 @@ from collections.abc import Iterator
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.skv.session_entries import checked_part
+from seqkv_cli.trie import (
+    DecodeStats,
+    NodeSource,
+    decode_sessions,
+    ppl_milli,
+    restore_member,
+    restore_pervector,
+    session_part,
+)
 
 
 def restore_trie(arc, entries: list[dict]) -> Iterator[tuple[dict, object]]:
@@ -102,7 +111,6 @@ def _rest_on(arc, entry: dict, result, base):
 
 def _restore_member(arc, entry: dict, centroid_tokens):
     from seqkv_cli.sequential.session_codec import finish_capture
-    from seqkv_cli.trie.neardup_store import restore_member
 
     try:
         read = _session_reader(arc, entry)
@@ -112,25 +120,17 @@ def _restore_member(arc, entry: dict, centroid_tokens):
 
 
 def _restore_paths(arc, by_index: dict[int, dict]):
-    from seqkv_cli.trie.decode import DecodeStats, restore
-
     reads = {i: _session_reader(arc, e) for i, e in by_index.items()}
     if arc.needs_model:
-        from seqkv_cli.trie.node_source import NodeSource
-
         canon = arc.canonical()
         precision = getattr(arc.codec, "precision_bits", 24)
         source = NodeSource(arc.trie, arc.read_part, canon.vocab_size, precision)
         stats = arc.decode_stats = DecodeStats(on_tokens=arc.on_tokens)
-        results = restore(
+        results = decode_sessions(
             arc.trie, list(by_index), source, arc.codec, canon, by_index, reads, stats
         )
     else:
-        from seqkv_cli.trie.pervector import restore_pervector
-
         results = restore_pervector(arc, list(by_index), reads)
-    from seqkv_cli.trie.sources import ppl_milli
-
     for s, result in results:
         entry = by_index[s]
         stored = arc.trie.sessions[s].log2_ppl_milli
@@ -148,8 +148,6 @@ def _restore_paths(arc, by_index: dict[int, dict]):
 
 def _session_reader(arc, entry: dict):
     """A reader of the trie session's own parts (residuals, surprisal), checked."""
-    from seqkv_cli.trie.store import session_part
-
     where = entry["trie"]
     owned = set(entry["sections"])
 

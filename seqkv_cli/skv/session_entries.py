@@ -14,7 +14,7 @@ from seqkv_cli.sequential.surprisal_part import plausible_surprisal_part
 
 def check_entry(path: Path, entry) -> None:
     """A session entry with every field restore needs, in range."""
-    from seqkv_cli.trie.store import MAX_POSITIONS
+    from seqkv_cli.trie import MAX_POSITIONS
 
     shapes = entry.get("shapes") if isinstance(entry, dict) else None
     ok = (

@@ -51,7 +51,7 @@ class DecodeStats:
         return self.tokens / self.node_steps if self.node_steps else 0.0
 
 
-def restore(
+def decode_sessions(
     contents: TrieContents,
     wanted: list[int],
     source: NodeSource,

@@ -30,7 +30,7 @@ class NodeSource:
 
         node = self.contents.nodes[n]
         if node.segment not in self._tokens:
-            # The total is the nodes' own claim, bounded by store.load (each node by the
+            # The total is the nodes' own claim, bounded by store.load_trie (each node by the
             # context, the segment by MAX_SEGMENT_TOKENS): the stream may not hold more.
             total = sum(x.n_tokens for x in self.contents.nodes if x.segment == node.segment)
             try:

@@ -1,8 +1,8 @@
 """One segment of a trie archive: the first (compress) or one more (`archive add`).
 
 A segment is what one commit adds: new nodes (branching off any earlier node, which is never
-rewritten), the sessions that end in them, and their parts (tables.py, store.py). `plan`
-places new sessions in the trie, `build_segment` codes them (encode.py for model codecs,
+rewritten), the sessions that end in them, and their parts (tables.py, store.py). `place_sessions`
+puts new sessions in the trie, `build_segment` codes them (encode.py for model codecs,
 pervector.py otherwise), `grow_segment` does both on top of an archived trie, and
 `segment_sections` names the parts as container sections. Writing the file, or appending the
 sections to one, is the archive's job.
@@ -46,7 +46,7 @@ from seqkv_codecs.sequential.node_stream import (
 from seqkv_codecs.sequential.token_coder import uniform_row
 
 
-def plan(
+def place_sessions(
     trie: Trie, sources: list[Source], members: dict[int, int] | None = None
 ) -> list[tuple[int, int]]:
     """Insert every session (shortest first); each one's (end node, end offset).
@@ -117,7 +117,7 @@ def grow_segment(
         build = _extend_seq(trie, sources, coder, canon, source)
         build.parts["index"] = encode_tables(build.tables, first_new)
         return build
-    ends = plan(trie, sources)
+    ends = place_sessions(trie, sources)
     archived = _archived_kv(contents, source, coder)
     return build_segment(trie, first_new, sources, ends, coder, canon, None, archived)
 
