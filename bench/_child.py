@@ -38,12 +38,12 @@ def main(argv: list[str]) -> None:
         canonical_model(lm)
     start = time.perf_counter()
     if op == "compress":
-        from seqkv_cli.skv.compress import compress_captures
+        from seqkv_cli.archive import compress_captures
 
         codec, out, captures = args[1], Path(args[2]), [Path(p) for p in args[3:]]
         compress_captures(captures, out, codec=codec, model=lm, check=False)
     elif op == "decompress":
-        from seqkv_cli.skv.decompress import decompress
+        from seqkv_cli.archive import decompress
 
         decompress(Path(args[1]), Path(args[2]), model=lm)
     elif op not in ("import", "model"):

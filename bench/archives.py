@@ -22,7 +22,7 @@ POINTS_QUICK, DECODE_QUICK, SINGLES_QUICK = (1, 2, 5), (2,), 2
 
 
 def _restore_exact(run: Run, skv, caps: list) -> float:
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     restored, seconds = restore(run, skv, [c.session_id for c in caps])
     if not all(same_capture(a, b) for a, b in zip(caps, restored, strict=True)):

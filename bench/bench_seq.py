@@ -48,8 +48,7 @@ def hf_prefill_seconds(lm, ids: torch.Tensor) -> float:
 
 
 def rate_and_exactness(lm, caps, folder: Path) -> list[dict]:
-    from seqkv_cli.skv.compress import compress_captures, same_capture
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, compress_captures, same_capture
     from seqkv_codecs.sequential import read_token_stream_info
 
     skv = folder / "seq.skv"
@@ -115,8 +114,7 @@ def decode_speed(lm, ids, sessions: int, length: int, numerics: str | None = Non
 
 
 def seq_fast_decode_seconds(lm, cap_path: Path, folder: Path) -> float:
-    from seqkv_cli.skv.compress import compress_captures
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, compress_captures
 
     compress_captures([cap_path], folder / "fast.skv", codec="seq-fast", model=lm, check=False)
     with Archive(folder / "fast.skv", model=lm) as arc:

@@ -88,9 +88,9 @@ def make_captures(lm, n: int, prefix_len: int, tail: int, out: Path) -> list[Pat
 
 def check_exact(lm, path: Path) -> bool:
     """The forked capture equals a whole-sequence canonical capture, bit for bit."""
+    from seqkv_cli.archive import same_capture
     from seqkv_cli.kvcapture.capture_file import load_capture
     from seqkv_cli.kvcapture.engine import run_capture
-    from seqkv_cli.skv.compress import same_capture
 
     cap = load_capture(path)
     whole = run_capture(lm, cap.tokens.tolist(), dtype="bf16")
@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/trie.json")
     args = ap.parse_args(argv)
     args.json = args.json or args.out
-    from seqkv_cli.skv.compress import compress_captures
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, compress_captures
 
     lm = harness.start(args)
     shutil.rmtree(args.work, ignore_errors=True)

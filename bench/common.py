@@ -35,7 +35,7 @@ class Run:
 
 def compress(run: Run, paths: list[Path], out: Path, codec: str | dict):
     """`compress_captures` with check off (decode is timed on its own): (result, seconds)."""
-    from seqkv_cli.skv.compress import compress_captures
+    from seqkv_cli.archive import compress_captures
 
     return timed(lambda: compress_captures(paths, out, codec=codec, model=run.lm, check=False))
 
@@ -43,7 +43,7 @@ def compress(run: Run, paths: list[Path], out: Path, codec: str | dict):
 def restore(run: Run, skv: Path, session_ids: list[str]) -> tuple[list, float]:
     """The sessions of an archive restored by the library, in the order of `session_ids`
     (a trie archive yields sessions as they finish, not in file order), and the seconds."""
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     with Archive(skv, model=run.lm) as arc:
         if arc.needs_model:
@@ -66,7 +66,7 @@ def fp16_bits_per_position(lm) -> int:
 def restore_all(lm, path: Path) -> tuple[dict, float, object]:
     """Every session of an archive restored by the library, the model's set-up outside the
     clock: ({session id: restored capture or error}, seconds, the archive's decode_stats)."""
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     with Archive(path, model=lm) as arc:
         arc.canonical()  # model set-up is not decode time

@@ -47,8 +47,8 @@ def _seq_decode_clocked(run: Run, skv: Path) -> tuple[object, float, list]:
     The clock goes where `Archive.canonical()` finds the model's canonical forward (the
     LoadedModel's cache), so the decode is the library's own, timed from outside.
     """
+    from seqkv_cli.archive import Archive
     from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.skv.restore import Archive
 
     real = canonical_model(run.lm)
     clock = _Clock(real)
@@ -68,7 +68,7 @@ def _seq_decode_clocked(run: Run, skv: Path) -> tuple[object, float, list]:
 def run_context(run: Run) -> dict:
     """One long document (prose, code, agent chat) cut at each length; seq and seq-fast."""
     from bench.inputs import capture_ids, long_token_ids, save, slice_capture
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     lengths = CONTEXT_QUICK if run.quick else CONTEXT_FULL
     run.log(f"context: capturing {lengths[-1]:,} tokens of one long document")

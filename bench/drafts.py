@@ -60,9 +60,9 @@ def _restore(lm, path: Path, drafts: bool):
 
 def measure(lm, name: str, spec: list[str], tokens: int, folder: Path) -> dict:
     from bench.bench_seq import hf_step_loop
+    from seqkv_cli.archive import compress_captures, same_capture
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.kvcapture.capture_file import load_capture
-    from seqkv_cli.skv.compress import compress_captures, same_capture
 
     results = capture(
         _inputs(spec, folder), model=lm, out=folder / "caps", max_tokens=tokens, truncate=True

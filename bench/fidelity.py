@@ -17,7 +17,7 @@ CONTINUATION = 128  # tokens scored after the cache (fewer for short sessions)
 
 def kv_errors(originals, restoreds) -> dict:
     """Bit-exactness, max abs error and relative L2 error over every K/V element of a set."""
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     num = den = worst = 0.0
     for cap, back in zip(originals, restoreds, strict=True):

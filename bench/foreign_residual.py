@@ -38,12 +38,11 @@ CASES = [
 
 
 def measure(lm, canon, text: str, dtype: str, tokens: int, folder: Path, verify: bool) -> dict:
+    from seqkv_cli.archive import compress_captures, decompress, same_capture
     from seqkv_cli.container import open_container
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.kvcapture.capture_file import load_capture
     from seqkv_cli.sequential.session_codec import kv_bits
-    from seqkv_cli.skv.compress import compress_captures, same_capture
-    from seqkv_cli.skv.decompress import decompress
     from seqkv_codecs.residual import encode_residual
     from seqkv_codecs.rounding_residual import rounded_bits
 

@@ -23,7 +23,7 @@ def synthetic_manifest(folder: Path, n: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from seqkv_cli.archive.manifest import COLUMNS, MANIFEST_NAME, META_KEY
+    from seqkv_cli.archive import COLUMNS, MANIFEST_NAME, META_KEY
 
     rows = {
         "session_id": [f"agent-{i:07d}" for i in range(n)],
@@ -44,7 +44,7 @@ def synthetic_manifest(folder: Path, n: int) -> None:
 def main(argv: list[str] | None = None) -> dict:
     from rich.console import Console
 
-    from seqkv_cli.archive.manifest import read_manifest
+    from seqkv_cli.archive import read_manifest
     from seqkv_cli.commands import _common, archive
 
     parser = harness.parser(__doc__, model=False)
@@ -86,7 +86,7 @@ def _print(archive, man, rows: int | None) -> float:
     limit = 10**9 if rows is not None else 0
     with (
         mock.patch.object(archive, "RICH_TABLE_ROWS", limit),
-        mock.patch("seqkv_cli.archive.manifest.read_manifest", return_value=man),
+        mock.patch("seqkv_cli.archive.read_manifest", return_value=man),
     ):
         _, seconds = harness.timed(lambda: archive._list_manifest(man.root))
     return seconds

@@ -24,10 +24,10 @@ TEXTS = ["prose.txt", "sample_code.py", "agent_transcript.jsonl"]
 
 
 def measure(lm, text: str, folder: Path, verify: bool) -> dict:
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.container import open_container
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.kvcapture.capture_file import load_capture
-    from seqkv_cli.skv.compress import compress_captures
 
     [result] = capture([str(SAMPLE / text)], model=lm, out=folder / "caps")
     cap = load_capture(result.path)

@@ -40,9 +40,9 @@ def token_bits(canon, tokens, runs: int) -> tuple[int, float]:
 
 def measure(lm, name: str, args, folder: Path) -> dict:
     from bench.bench_seq import hf_step_loop
+    from seqkv_cli.archive import compress_captures, same_capture
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.kvcapture.capture_file import load_capture
-    from seqkv_cli.skv.compress import compress_captures, same_capture
 
     [res] = capture(
         [str(SAMPLE / CASES[name])],
@@ -54,8 +54,8 @@ def measure(lm, name: str, args, folder: Path) -> dict:
     cap = load_capture(res.path)
     tokens = cap.tokens.numpy().astype("int64")
     row = {"case": name, "tokens": len(tokens), "log2_ppl": round(float(cap.surprisal.mean()), 4)}
+    from seqkv_cli.archive import load_canonical
     from seqkv_cli.runtime.numerics import DEFAULT
-    from seqkv_cli.skv.identity import load_canonical
 
     canon, _ = load_canonical(lm, DEFAULT)
     base = None

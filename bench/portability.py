@@ -38,7 +38,7 @@ def capture_digest(cap) -> str:
 
 
 def decode_digests(path: Path, model: str | None) -> dict[str, str]:
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     with Archive(path, model=model) as arc:
         return {e["id"]: capture_digest(arc.restore(e)) for e in arc.sessions}
@@ -85,8 +85,8 @@ def _child(args) -> None:
 
 
 def _bench(args) -> dict:
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.api import capture
-    from seqkv_cli.skv.compress import compress_captures
 
     lm = harness.start(args)
     work = Path(tempfile.mkdtemp(prefix="seqkv-port-"))

@@ -32,7 +32,7 @@ CATEGORIES = (
     ("K/V to bf16 + residual compare", "trie/runs.py", "session_kv"),
     ("K/V to bf16 + residual compare", "sequential/session_codec.py", "kv_bits"),
     ("K/V to bf16 + residual compare", "sequential/session_codec.py", "add_residual"),
-    ("round-trip comparison", "skv/compress.py", "same_capture"),
+    ("round-trip comparison", "archive/create.py", "same_capture"),
     ("capture file load", "kvcapture/capture_file.py", "load_capture"),
 )
 MODEL = CATEGORIES[0][0]
@@ -45,7 +45,7 @@ def _find(stats: dict, suffix: str, name: str) -> list:
 def split(profile: cProfile.Profile) -> dict:
     """Seconds per category, the total, and the model's share."""
     stats = pstats.Stats(profile).stats
-    [top] = _find(stats, "skv/compress.py", "compress_captures")
+    [top] = _find(stats, "archive/create.py", "compress_captures")
     total = stats[top][3]
     out: dict[str, float] = {}
     for label, suffix, name in CATEGORIES:
@@ -69,7 +69,7 @@ def split(profile: cProfile.Profile) -> dict:
 
 
 def run_profile(run: Run, capture_path: Path, positions: int, with_check: bool = True) -> dict:
-    from seqkv_cli.skv.compress import compress_captures
+    from seqkv_cli.archive import compress_captures
 
     folder = run.scratch("profile")
     run.log(f"profile: seq compress of {positions:,} positions, unprofiled (check off)")

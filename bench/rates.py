@@ -29,8 +29,7 @@ def codec_name(codec: str | dict) -> str:
 
 def measure(run: Run, codec: str | dict, caps: list, paths: list[Path], note: str = "") -> dict:
     """Compress `paths` with `codec`, restore every session, compare with `caps`."""
-    from seqkv_cli.skv.accounting import account
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, account
 
     name = codec_name(codec)
     run.log(f"rates: {name} on {sum(c.positions for c in caps):,} positions {note}".rstrip())

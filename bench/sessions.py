@@ -103,7 +103,7 @@ def tails(pool: list[int], count: int, length: int) -> list[list[int]]:
 def check_exact(run: Run, cap) -> bool:
     """Is the prefix-reuse capture bit-identical to capturing the whole session directly?"""
     from bench.inputs import capture_ids
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     direct = capture_ids(run, cap.tokens.tolist(), cap.session_id)
     return same_capture(direct, cap)

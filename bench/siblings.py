@@ -73,8 +73,7 @@ def passes_counter():
 
 
 def restore(lm, skv: Path, entries_of, captures: dict) -> dict:
-    from seqkv_cli.skv.compress import same_capture
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, same_capture
 
     passes, undo = passes_counter()
     try:
@@ -114,10 +113,10 @@ def _decoded_tokens(arc, entries) -> int:
 
 
 def measure(lm, name: str, inputs, args, folder: Path) -> dict:
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.kvcapture.capture_file import load_capture
     from seqkv_cli.runtime.numerics import DEFAULT
-    from seqkv_cli.skv.compress import compress_captures
 
     paths = inputs(folder, args.sessions)
     results = capture(

@@ -30,9 +30,9 @@ ROOT = harness.ROOT
 
 
 def build(folder: Path, sessions: int, model: str | None) -> tuple[Path, str]:
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.api import capture
     from seqkv_cli.runtime.loading import load_model
-    from seqkv_cli.skv.compress import compress_captures
     from tests.conftest import build_tiny_model
 
     model = model or str(build_tiny_model(folder / "tiny", seed=3))
@@ -57,7 +57,7 @@ import hashlib, json, sys, time
 import torch
 from seqkv_cli.runtime.loading import load_model
 from seqkv_cli.sequential.adapter import CanonicalLogits
-from seqkv_cli.skv.restore import Archive
+from seqkv_cli.archive import Archive
 
 lm = load_model(sys.argv[2])
 passes, rows = [0], [0]

@@ -145,3 +145,21 @@ def private_attribute_uses() -> set[tuple[str, str]]:
 
 def test_no_module_touches_another_objects_private_attributes():
     assert private_attribute_uses() - THIRD_PARTY_PRIVATES == set()
+
+
+def test_the_public_functions_are_the_librarys_own_and_load_lazily():
+    import inspect
+    import subprocess
+    import sys
+
+    import seqkv_cli
+
+    assert set(seqkv_cli.__all__) == {"SeqkvError", "__version__", *seqkv_cli._PUBLIC}
+    for name in seqkv_cli._PUBLIC:
+        function = getattr(seqkv_cli, name)
+        kinds = {p.kind for p in inspect.signature(function).parameters.values()}
+        assert inspect.Parameter.VAR_KEYWORD not in kinds, name  # no **options to guess
+        assert function.__module__ != "seqkv_cli", name  # the function itself, no wrapper
+    code = "import sys, seqkv_cli; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]"  # `seqkv --help` stays fast

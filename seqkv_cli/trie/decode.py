@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,8 +25,12 @@ from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.node_source import NodeSource
 from seqkv_cli.trie.node_stepper import NodeStepper
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
-from seqkv_cli.trie.schedule import Schedule, needed_nodes
+from seqkv_cli.trie.schedule import NeededNodes, Schedule, needed_nodes
 from seqkv_cli.trie.store import TrieContents
+from seqkv_cli.trie.tables import Node
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.session_codec import SessionCodec
 
 
 @dataclass
@@ -55,10 +60,10 @@ def decode_sessions(
     contents: TrieContents,
     wanted: list[int],
     source: NodeSource,
-    codec,
+    codec: SessionCodec,
     canon,
-    entries,
-    reads,
+    entries: dict[int, dict],
+    reads: dict[int, Callable[[str], bytes | None]],
     stats: DecodeStats | None = None,
 ) -> Iterator[tuple[int, object]]:
     """Yield (session index, Capture or the SeqkvError that stopped it) as sessions finish;
@@ -73,7 +78,14 @@ def decode_sessions(
             yield s, session_capture(done, contents, s, entries[s], reads[s], canon)
 
 
-def session_capture(run, contents: TrieContents, s: int, entry: dict, read, canon):
+def session_capture(
+    run: Run | Exception,
+    contents: TrieContents,
+    s: int,
+    entry: dict,
+    read: Callable[[str], bytes | None],
+    canon,
+):
     """Session `s` (its entry, its parts' reader) as a Capture from `run` (its end node's
     run, or the error that stopped it), or the SeqkvError that stops the session."""
     if isinstance(run, Exception):
@@ -82,7 +94,8 @@ def session_capture(run, contents: TrieContents, s: int, entry: dict, read, cano
     try:
         keys, values, surprisal = session_kv(run, rec.end, DTYPES[entry["dtype"]], canon.num_layers)
         tokens = run.all_tokens(rec.end)
-        # residuals resting on another session are applied once it is restored (skv/restore_trie.py)
+        # residuals resting on another session are applied once it is restored
+        # (archive/restore_trie.py)
         unrounded = unrounded_kv(run.track.state, run.start + rec.end)
         return finish_capture(
             entry, read, tokens, keys, values, surprisal, deferred={}, unrounded=unrounded
@@ -99,7 +112,14 @@ class _Decoding:
     ancestor fails fails with it (its prefix was decoded from a damaged stream).
     """
 
-    def __init__(self, adapter, nodes, need, source: NodeSource, stats: DecodeStats) -> None:
+    def __init__(
+        self,
+        adapter: CanonicalLogits,
+        nodes: list[Node],
+        need: NeededNodes,
+        source: NodeSource,
+        stats: DecodeStats,
+    ) -> None:
         self.adapter, self.nodes, self.kids, self.limit = adapter, nodes, need.kids, need.limit
         self.source, self.stats = source, stats
         self.schedule = Schedule(nodes, need.kids)

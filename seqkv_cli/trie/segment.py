@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,6 +45,10 @@ from seqkv_codecs.sequential.node_stream import (
     verify_node,
 )
 from seqkv_codecs.sequential.token_coder import uniform_row
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.session_codec import SessionCodec
+    from seqkv_codecs.base import Codec
 
 
 def place_sessions(
@@ -78,7 +83,7 @@ def build_segment(
     first_new: int,
     sources: list[Source],
     ends: list[tuple[int, int]],
-    coder,
+    coder: SessionCodec | Codec,
     canon,
     on_progress: Callable[[int], None] | None,
     archived: Callable | None = None,
@@ -102,7 +107,11 @@ def build_segment(
 
 
 def grow_segment(
-    contents: TrieContents, source: NodeSource, sources: list[Source], coder, canon
+    contents: TrieContents,
+    source: NodeSource,
+    sources: list[Source],
+    coder: SessionCodec | Codec,
+    canon,
 ) -> SegmentBuild:
     """One more segment holding `sources`, on top of the archived trie `contents` (its node
     tokens read through `source`; `canon` is None for per-vector codecs): nothing archived is

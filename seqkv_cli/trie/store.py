@@ -14,9 +14,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.tables import NO_PPL, Node, SessionRecord, decode_tables
+
+if TYPE_CHECKING:
+    from seqkv_cli.container.compact_reader import CompactReader
+    from seqkv_cli.container.reader import ContainerReader
 
 TRIE_VERSION = 1
 # Positions a session may reach when no model says otherwise (per-vector archives, or before
@@ -58,7 +63,9 @@ class TrieContents:
     kv_blocks: int
 
 
-def load_trie(reader, path: Path, max_context: int = MAX_POSITIONS) -> TrieContents:
+def load_trie(
+    reader: ContainerReader | CompactReader, path: Path, max_context: int = MAX_POSITIONS
+) -> TrieContents:
     """Read and cross-check every segment's tables (no token is decoded).
 
     No node may reach past `max_context` positions (the model's context where known).
@@ -191,7 +198,7 @@ class PartReader:
     An absent part (omitted because empty) reads as b"".
     """
 
-    def __init__(self, reader) -> None:
+    def __init__(self, reader: ContainerReader | CompactReader) -> None:
         self.reader = reader
         self.known = {s.name for s in reader.sections}
         self.parts: dict[str, bytes] = {}

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from cli_run import invoke
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 from seqkv_cli.trie.store import chain
 
 PREFIX = "System: you are a careful assistant who answers briefly and cites sources. " * 3
@@ -184,7 +183,7 @@ def test_trie_tables_cost_under_16_bytes_per_branching_session(tiny_lm, tmp_path
 
 
 def test_resume_continues_exactly_like_the_original_cache(caps, tiny_lm, tmp_path):
-    from seqkv_cli.archive.resume import continue_from
+    from seqkv_cli.archive import continue_from
 
     path = tmp_path / "t.skv"
     compress_captures(caps, path, codec="seq", model=tiny_lm)

@@ -277,7 +277,7 @@ def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(
 
 
 def test_stream_bytes_match_the_spec():
-    """docs/NEARDUP.md, "Example": a hand-checked stream, byte for byte."""
+    """docs/format/NEARDUP.md, "Example": a hand-checked stream, byte for byte."""
     centroid = np.array([5, 6, 7, 8], np.int64)
     member = np.array([5, 6, 300, 8], np.int64)
     edits = align(centroid, member, min_copy=1)

@@ -10,7 +10,7 @@ each, because each has a different reader:
   alignment both the clustering and the stored edits use;
 - `clustering`: which sessions are members of which centroid (a search over a whole compress
   run, with its own cost bounds);
-- `edits`: the ``SKND`` stream, a file format (docs/NEARDUP.md) and nothing else;
+- `edits`: the ``SKND`` stream, a file format (docs/format/NEARDUP.md) and nothing else;
 - `model`: inserted tokens range-coded under the model, the only part that runs one.
 
 Where the stream sits in a trie archive is `trie.neardup_store`'s (the ``edits`` part).

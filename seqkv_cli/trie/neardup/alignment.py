@@ -27,7 +27,7 @@ class Edit(NamedTuple):
     tokens: tuple[int, ...] = ()
 
 
-def token_ids(a, what: str) -> np.ndarray:
+def token_ids(a: object, what: str) -> np.ndarray:
     """``a`` as int64 token ids; anything but a 1-D array of non-negative integers is refused."""
     x = np.asarray(a)
     if x.ndim != 1 or (x.size and x.dtype.kind not in "iu") or (x.size and x.min() < 0):

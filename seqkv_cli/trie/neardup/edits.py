@@ -1,6 +1,6 @@
 """The near-duplicate edit stream ``SKND``: an edit script as bytes, checked when read back.
 
-The byte layout, version, limits and refusals (docs/NEARDUP.md) and nothing else: what
+The byte layout, version, limits and refusals (docs/format/NEARDUP.md) and nothing else: what
 the edits are comes from alignment.py, how inserted tokens are coded under a model from model.py.
 Only inserted tokens cost real bits: varints, or range-coded under the model conditioned on
 the member's own prefix.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from seqkv_cli.trie.neardup.alignment import COPY, DELETE, INSERT, Edit, apply_e
 from seqkv_cli.trie.neardup.model import decode_inserted, encode_inserted
 from seqkv_codecs.errors import CodecError, CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.adapter import CanonicalLogits
 
 MAGIC = b"SKND"
 VERSION = 1
@@ -54,7 +58,11 @@ def _member_crc(member: np.ndarray) -> int:
 
 
 def encode_edits(
-    edits: list[Edit], *, centroid=None, model=None, precision_bits: int = 24
+    edits: list[Edit],
+    *,
+    centroid: np.ndarray | None = None,
+    model: CanonicalLogits | None = None,
+    precision_bits: int = 24,
 ) -> bytes:
     """Serialise ``edits``; with ``model`` (a `LogitsModel`) inserted tokens are range-coded.
 
@@ -88,7 +96,9 @@ def encode_edits(
     return bytes(body) + _CRC.pack(zlib.crc32(body))
 
 
-def decode_edits(data: bytes, centroid: np.ndarray, *, model=None) -> np.ndarray:
+def decode_edits(
+    data: bytes, centroid: np.ndarray, *, model: CanonicalLogits | None = None
+) -> np.ndarray:
     """The member's token ids from an edit stream and its centroid (and model, if it used one)."""
     buf, c = bytes(data), token_ids(centroid, "centroid")
     if len(buf) < _HEAD + _CRC.size or buf[:4] != MAGIC:

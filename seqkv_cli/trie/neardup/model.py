@@ -2,13 +2,15 @@
 
 The only part of near-duplicate storage that runs a model. Each inserted token is coded under
 the model's next-token row after the member's own tokens before it (a member's first token
-under the uniform row, as in docs/TOKEN_STREAM.md), so the encoder and the decoder
+under the uniform row, as in docs/format/TOKEN_STREAM.md), so the encoder and the decoder
 must feed the model the same member prefix in the same order; that coupling is kept together
 here, away from the byte layout (edits.py). Errors of the codec library (a model returning the
 wrong shape, a payload that does not decode) surface as its CodecError for the caller to word.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +23,9 @@ from seqkv_codecs.sequential import (
     frequencies_from_logits,
 )
 from seqkv_codecs.sequential.logits_model import feed_checked
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.adapter import CanonicalLogits
 
 FEED_CHUNK = 256  # member tokens per model feed when encoding (the decoder steps)
 
@@ -40,7 +45,9 @@ def _rows(model, member: np.ndarray, positions: list[int], precision_bits: int):
     return [rows[p] for p in positions]
 
 
-def encode_inserted(member: np.ndarray, positions: list[int], model, precision_bits: int) -> bytes:
+def encode_inserted(
+    member: np.ndarray, positions: list[int], model: CanonicalLogits, precision_bits: int
+) -> bytes:
     """One range-coder payload of ``member[p]`` for each p in ``positions`` (ascending)."""
     enc = RangeEncoder()
     rows = _rows(model, member, positions, precision_bits)
@@ -50,7 +57,11 @@ def encode_inserted(member: np.ndarray, positions: list[int], model, precision_b
 
 
 def decode_inserted(
-    edits: list[Edit], centroid: np.ndarray, payload: bytes, model, precision_bits: int
+    edits: list[Edit],
+    centroid: np.ndarray,
+    payload: bytes,
+    model: CanonicalLogits,
+    precision_bits: int,
 ) -> list[Edit]:
     """``edits`` with their inserts filled, stepping the model through the member as it is
     rebuilt (the payload must be consumed exactly)."""

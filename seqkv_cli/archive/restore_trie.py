@@ -1,18 +1,31 @@
-"""Restoring sessions of a trie archive (skv.restore.Archive's trie path).
+"""Restoring sessions of a trie archive (archive.restore.Archive's trie path).
 
 Only the nodes on the asked sessions' paths are decoded (trie.decode for model codecs,
 trie.pervector otherwise). Two kinds of session need another session restored first: a
 near-duplicate member needs its centroid's tokens, and a session whose residual rests on an
-earlier one (skv/residual_on_other_session.py) needs that session's K/V. Those are restored
+earlier one (archive/restore_trie.py) needs that session's K/V. Those are restored
 too, and yielded only if they were asked for.
+
+Residuals that rest on another session of the same segment (`SKB1` parts): for a session
+whose first p positions have the same K/V bits as an earlier session of its segment
+(llama.cpp slots sharing a system prompt), the encoder may code its residual against that
+session's restored K/V for [0, p) and the recompute after it (trie/encode.py). Restore decodes
+both sessions' token paths as usual, then applies such parts once the base session is
+finished (`residual_base`, `rest_on`). A base never rests on another session itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
+from seqkv_cli.archive.entries import checked_part
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.session_entries import checked_part
+from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES
+from seqkv_cli.sequential.session_codec import finish_capture, kv_bits, kv_from_bits, residual_p95
 from seqkv_cli.trie import (
     DecodeStats,
     NodeSource,
@@ -22,11 +35,17 @@ from seqkv_cli.trie import (
     restore_pervector,
     session_part,
 )
+from seqkv_codecs.errors import CodecError
+from seqkv_codecs.residual import BASED_MAGIC, apply_residual, parse_based
+from seqkv_codecs.rounding_residual import apply_rounding_residual
+
+if TYPE_CHECKING:
+    from seqkv_cli.kvcapture.capture_file import Capture
 
 
 def restore_trie(arc, entries: list[dict]) -> Iterator[tuple[dict, object]]:
     """Yield (entry, Capture or the SeqkvError that stopped it) for `entries` of the trie
-    archive `arc` (an open skv.restore.Archive), as they finish."""
+    archive `arc` (an open archive.restore.Archive), as they finish."""
     wanted = {e["index"]: e for e in entries}
     members = {i: e for i, e in wanted.items() if e["trie"].get("centroid") is not None}
     base = {i: e for i, e in wanted.items() if i not in members}
@@ -74,8 +93,6 @@ def restore_trie(arc, entries: list[dict]) -> Iterator[tuple[dict, object]]:
 def _residual_bases(arc, entries: dict[int, dict]):
     """{session index: the session its residual rests on} for these path sessions, and
     {session index: error} for those whose parts are damaged."""
-    from seqkv_cli.skv.residual_on_other_session import residual_base
-
     out, broken = {}, {}
     for i, e in entries.items():
         try:
@@ -95,7 +112,6 @@ def _residual_bases(arc, entries: dict[int, dict]):
 
 
 def _rest_on(arc, entry: dict, result, base):
-    from seqkv_cli.skv.residual_on_other_session import rest_on
 
     if isinstance(result, Exception):
         return result
@@ -110,7 +126,6 @@ def _rest_on(arc, entry: dict, result, base):
 
 
 def _restore_member(arc, entry: dict, centroid_tokens):
-    from seqkv_cli.sequential.session_codec import finish_capture
 
     try:
         read = _session_reader(arc, entry)
@@ -156,3 +171,67 @@ def _session_reader(arc, entry: dict):
         return checked_part(entry, part, arc.reader.read_section(name) if name in owned else None)
 
     return read
+
+
+def residual_base(entry: dict, read: Callable[[str], bytes | None]) -> int | None:
+    """The global index of the session `entry`'s residual rests on, or None (the parts'
+    headers are read; every based part must name the same earlier session)."""
+    found = set()
+    for layer in range(int(entry["shapes"]["num_layers"])):
+        for kind in ("key", "value"):
+            data = read(f"residual.layers.{layer}.{kind}")
+            if data is None or data[:4] != BASED_MAGIC:
+                continue
+            try:
+                found.add(parse_based(data)[0])
+            except CodecError as exc:
+                raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
+    if not found:
+        return None
+    local = int(entry["trie"]["local"])
+    if len(found) > 1 or min(found) >= local:
+        raise SeqkvError(
+            f"its residual rests on sessions {sorted(found)} of its segment; one earlier "
+            "session is allowed: the file is damaged"
+        )
+    return int(entry["index"]) - local + found.pop()
+
+
+def rest_on(cap: Capture, base: Capture) -> object:
+    """`cap` with its deferred residual parts applied on `base`'s K/V for their positions."""
+    for (kind, layer), (_, positions, inner, tail) in sorted(cap.deferred.items()):
+        mine = (cap.keys if kind == "key" else cap.values)[layer]
+        theirs = (base.keys if kind == "key" else base.values)[layer]
+        if (
+            theirs.dtype != mine.dtype
+            or theirs.shape[0] != mine.shape[0]
+            or theirs.shape[2] != mine.shape[2]
+            or not 0 < positions <= min(mine.shape[1], theirs.shape[1])
+        ):
+            raise SeqkvError(
+                f"residual.layers.{layer}.{kind} rests on {positions} positions of a session "
+                f"of another shape ({tuple(theirs.shape)} vs {tuple(mine.shape)})"
+            )
+        reference = torch.cat([theirs[:, :positions], mine[:, positions:]], dim=1)
+        try:
+            if tail is None:
+                bits = apply_residual(inner, kv_bits(reference))
+            else:
+                bits = _apply_rounding(inner, theirs[:, :positions], tail, mine.dtype)
+        except CodecError as exc:
+            raise SeqkvError(f"residual.layers.{layer}.{kind}: {exc}") from None
+        restored = kv_from_bits(np.ascontiguousarray(bits), mine.dtype)
+        (cap.keys if kind == "key" else cap.values)[layer] = restored
+        if cap.residual_p95 is not None:  # the residual is against the base where it rests
+            cap.residual_p95[kind][layer] = residual_p95(reference, restored)
+    cap.deferred = {}
+    return cap
+
+
+def _apply_rounding(inner: bytes, shared: torch.Tensor, tail: torch.Tensor, dtype) -> np.ndarray:
+    """An SKR2 stream against the base's K/V (exact in float32, so their rounding is the same
+    bits) for the shared positions and this session's unrounded recompute after them."""
+    if tail.shape[0::2] != shared.shape[0::2]:
+        raise SeqkvError("the recompute after a shared prefix has another shape")
+    reference = torch.cat([shared.float(), tail.float()], dim=1).contiguous()
+    return apply_rounding_residual(inner, reference.numpy(), DTYPE_NAMES[dtype])

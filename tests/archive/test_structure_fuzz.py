@@ -110,8 +110,8 @@ def corpus(tmp_path_factory):
     """[(name, header, sections, baseline restore, baseline peak bytes)]."""
     from test_bounded_parsers import _capture
 
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from seqkv_cli.skv.compress import compress_captures
 
     folder = tmp_path_factory.mktemp("structfuzz")
     first = _capture("s0", [5, 6, 7, 8, 9, 10, 11, 12], 0)
@@ -142,7 +142,7 @@ def corpus(tmp_path_factory):
 
 
 def _restore(path) -> list:
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     with Archive(path) as arc:
         results = [None] * len(arc.sessions)
@@ -240,8 +240,9 @@ def _streams(header, sections):
 
 
 # (offset, width) of the structural fields of each codec's stream: the 13-byte header, then
-# the codec's own parameters (docs/CODEC_STREAMS.md). Payload bytes (scales, seeds, codes) are
-# left alone: changed and re-signed, they decode to other values that no reader can tell.
+# the codec's own parameters (docs/format/CODEC_STREAMS.md). Payload bytes (scales, seeds,
+# codes) are left alone: changed and re-signed, they decode to other values that no reader can
+# tell.
 HEADER_FIELDS = ((0, 2), (2, 1), (3, 1), (4, 1), (5, 2), (7, 4), (11, 2))
 CODEC_FIELDS = {
     "raw": (),

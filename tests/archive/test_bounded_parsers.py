@@ -126,8 +126,8 @@ def small_files(tmp_path_factory):
     differ, so their surprisal and K/V over the prefix differ: a trie archive keeps one
     session's as the shared node and stores the other's as parts of its own (the tests of
     those parts need them)."""
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from seqkv_cli.skv.compress import compress_captures
 
     folder = tmp_path_factory.mktemp("bounded")
     caps = []
@@ -143,7 +143,7 @@ def small_files(tmp_path_factory):
 
 
 def _restore_all(path):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     with Archive(path) as arc:
         return [result for _, result in arc.restore_many(arc.sessions)]
@@ -196,7 +196,7 @@ def test_flat_block_of_another_shape_is_refused_before_decoding(small_files, tmp
 
 
 def test_trie_node_claiming_a_huge_length_is_refused_at_open(small_files, tmp_path):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     header, sections = take_apart(small_files["lossless", "trie"])
     t = read_tables(sections["t1/index"])
@@ -221,7 +221,7 @@ def test_trie_kv_block_of_another_shape_is_refused(small_files, tmp_path):
 
 
 def test_flat_session_with_too_many_positions_is_refused(small_files, tmp_path):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     header, sections = take_apart(small_files["lossless", "flat"])
     header["sessions"][1]["positions"] = 1 << 40
@@ -233,7 +233,7 @@ def test_flat_session_with_too_many_positions_is_refused(small_files, tmp_path):
 
 @pytest.mark.parametrize("precision", [24.5, "24", None, True, 0, 40])
 def test_non_integer_precision_is_a_clean_refusal(small_files, tmp_path, precision):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     header, sections = take_apart(small_files["lossless", "flat"])
     header["pipeline"] = [
@@ -311,7 +311,7 @@ def test_header_claiming_fewer_layers_than_the_file_holds_is_refused(small_files
 
 
 def test_non_dict_capture_meta_is_refused(small_files, tmp_path):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     def change(header, sections):
         header["sessions"][0]["capture_meta"] = 2  # TypeError before

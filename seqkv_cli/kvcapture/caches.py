@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES
+from seqkv_cli.kvcapture.capture_file import DTYPE_NAMES, Capture
 
 
-def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def cache_layers(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(key, value) per layer of a transformers cache, as stored: (batch, kv_heads, n, hd)."""
     layers = getattr(cache, "layers", None)
     if layers is not None:
@@ -38,7 +38,7 @@ def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return pairs
 
 
-def cache_dtype_name(cache) -> str:
+def cache_dtype_name(cache: object) -> str:
     """The name of the dtype the cache's first layer holds: bf16, fp16 or fp32 (else refused)."""
     dtype = cache_layers(cache)[0][0].dtype
     if dtype not in DTYPE_NAMES:
@@ -46,7 +46,7 @@ def cache_dtype_name(cache) -> str:
     return DTYPE_NAMES[dtype]
 
 
-def cache_kv(cache, positions: int, shapes: dict) -> tuple[list, list, str]:
+def cache_kv(cache: object, positions: int, shapes: dict) -> tuple[list, list, str]:
     """Keys and values per layer as a capture holds them, and their dtype name.
 
     `shapes` is the model's {num_layers, num_kv_heads, head_dim}; `positions` the number of
@@ -95,15 +95,35 @@ def _length_message(layer: int, have: int, want: int) -> str:
     return f"layer {layer} of the cache holds {have} positions; input_ids has {want} tokens"
 
 
-def to_cache(keys: list, values: list, config=None, *, dtype=None, device=None):
-    """A `DynamicCache` holding the K/V (batch 1), laid out for `config` when given (so
-    sliding-window layers come back as the model builds them)."""
+def to_cache(
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    config: object = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    upto: int | None = None,
+):
+    """A `DynamicCache` holding the K/V (batch 1; each layer's first `upto` positions, default
+    all), laid out for `config` when given (so sliding-window layers come back as the model
+    builds them), in `dtype` on `device` where given (else as stored)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-        k, v = k[None], v[None]
+        k, v = k[None, :, :upto], v[None, :, :upto]
         if dtype is not None or device is not None:
             k, v = k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
         cache.update(k, v, i)
     return cache
+
+
+def to_dynamic_cache(
+    capture: Capture,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    upto: int | None = None,
+):
+    """The capture (its first `upto` positions, default all) as a `transformers` DynamicCache
+    (batch 1) in `dtype` on `device` (default the CPU), ready to continue generation."""
+    return to_cache(capture.keys, capture.values, dtype=dtype, device=device or "cpu", upto=upto)

@@ -10,12 +10,11 @@ from pathlib import Path
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.sequential.surprisal_part import plausible_surprisal_part
+from seqkv_cli.trie import MAX_POSITIONS
 
 
-def check_entry(path: Path, entry) -> None:
+def check_entry(path: Path, entry: object) -> None:
     """A session entry with every field restore needs, in range."""
-    from seqkv_cli.trie import MAX_POSITIONS
-
     shapes = entry.get("shapes") if isinstance(entry, dict) else None
     ok = (
         isinstance(shapes, dict)

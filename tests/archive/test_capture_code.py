@@ -1,4 +1,4 @@
-"""`seqkv pipeline` captures and codes in one walk of the model (skv/capture_code.py): its
+"""`seqkv pipeline` captures and codes in one walk of the model (archive/create.py): its
 captures must be the files `seqkv capture` writes, bit for bit, and its archive must restore
 them, also where sessions share a prefix (computed once) or one is a prefix of another."""
 
@@ -8,10 +8,9 @@ import json
 
 import torch
 
+from seqkv_cli.archive import Archive, capture_and_code
 from seqkv_cli.kvcapture.api import capture, prepare_capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.skv.capture_code import capture_and_code
-from seqkv_cli.skv.restore import Archive
 
 
 def _same(a, b) -> bool:

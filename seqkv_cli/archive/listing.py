@@ -1,8 +1,17 @@
-"""Where a container's bytes go: per session, per part, per position."""
+"""What an archive holds and who pays for it: `seqkv info`'s accounting and `archive list`'s rows.
+
+`account` says where a container's bytes go, per session, per part and per position (a trie
+archive's shared nodes split among the sessions that cover them, `trie.session_costs`);
+`session_rows` lists every session with what it costs on its own and the prefix it shares.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from seqkv_cli.archive.restore import Archive
+from seqkv_cli.trie import session_costs, trie_shape
 
 
 @dataclass
@@ -48,7 +57,7 @@ def _breakdown(entry: dict, sizes: dict[str, int], header_share: float) -> dict[
     return out
 
 
-def account(archive) -> Accounting:
+def account(archive: Archive) -> Accounting:
     reader = archive.reader
     sizes = {e.name: e.length for e in reader.sections}
     parts: dict[str, int] = {}
@@ -99,3 +108,33 @@ def account(archive) -> Accounting:
         * shapes.get("head_dim", 0)
     )
     return Accounting(reader.size, positions, parts, sessions, fp16)
+
+
+def session_rows(path: Path) -> tuple[list[dict], str]:
+    """Rows for `archive list` (flat archives list their sessions with no sharing)."""
+    with Archive(path) as arc:
+        if arc.trie is None:
+            rows = [
+                {**s, "own_bytes": s["bytes"], "shared_prefix": 0, "segment": 1}
+                for s in account(arc).sessions
+            ]
+            return rows, "flat layout: sessions share nothing (`seqkv archive compact` converts)"
+        costs = session_costs(arc)
+        rows = [
+            {
+                "id": e["id"],
+                "positions": e["positions"],
+                "own_bytes": c["tokens"] + c["kv"] + c["residual"],
+                "shared_prefix": c["shared_prefix"],
+                "segment": e["trie"]["segment"],
+                "log2_ppl": e.get("log2_ppl"),
+            }
+            for e, c in zip(arc.sessions, costs, strict=True)
+        ]
+        shape = trie_shape(arc)
+        note = (
+            f"{shape['nodes']} nodes in {shape['segments']} segment(s), depth {shape['depth']}; "
+            f"{shape['coverage']:.0%} of sessions share a prefix with another; dedup saves "
+            f"{shape['saved_bytes']:,.0f} bytes"
+        )
+        return rows, note

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from seqkv_cli.archive.restore import SESSION_BATCH
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_codecs.sequential.parallel_stream import chunk_bounds
+
+if TYPE_CHECKING:
+    from seqkv_cli.archive.restore import Archive
 
 CALIBRATION_REPEATS = 3  # passes timed per row count (the fastest is kept: noise only adds)
 MAX_CALIBRATION_CONTEXT = 512  # attention's share of a pass is small below this on every model
@@ -36,8 +41,8 @@ class RestoreEstimate:
         return self.tokens / max(self.seconds, 1e-9)
 
 
-def estimate_restore(arc) -> RestoreEstimate:
-    """Estimate `arc` (an open skv.restore.Archive; its model loads if it needs one)."""
+def estimate_restore(arc: Archive) -> RestoreEstimate:
+    """Estimate `arc` (an open archive.restore.Archive; its model loads if it needs one)."""
     caps = capabilities(arc.codec)
     if not caps.needs_canonical:
         return _pervector(arc)
@@ -77,8 +82,6 @@ def estimate_restore(arc) -> RestoreEstimate:
 
 def _passes(arc) -> tuple[int, int, int]:
     """(model passes, tokens decoded, rows of a typical pass) for restoring every session."""
-    from seqkv_cli.skv.restore import SESSION_BATCH
-
     if arc.trie is not None:
         from seqkv_cli.trie import planned_passes
 

@@ -7,9 +7,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 
 TURBO3_MAX_ERROR = 0.25  # relative L2 error of a turbo3 restore (measured: 0.17 to 0.18)
 

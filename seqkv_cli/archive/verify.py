@@ -8,17 +8,69 @@ Per-vector lossy codecs document no bound: their error is measured (`verify --ag
 
 `check_sessions` decodes sessions of an open archive and checks each against its capture
 (`seqkv verify --against`, `seqkv pipeline`); the commands only format what it returns.
+The measures themselves (`compare`, `attention_error`) are shared with `seqkv report`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.fidelity import LayerFidelity, attention_error, compare
+
+if TYPE_CHECKING:
+    from seqkv_cli.archive.restore import Archive
+    from seqkv_cli.kvcapture.capture_file import Capture
+    from seqkv_cli.sequential.session_codec import SessionCodec
+    from seqkv_codecs.base import Codec
+
+PROBE_QUERIES = 16
+PROBE_SEED = 0
+
+
+@dataclass
+class LayerFidelity:
+    layer: int
+    kind: str
+    exact: bool
+    max_abs: float
+    rel_l2: float
+
+
+def compare(original: torch.Tensor, restored: torch.Tensor, layer: int, kind: str):
+    # Compare bits, not values: NaN == NaN and -0.0 != 0.0 for a lossless promise.
+    exact = original.dtype == restored.dtype and torch.equal(
+        original.contiguous().view(torch.uint8), restored.contiguous().view(torch.uint8)
+    )
+    a, b = original.float(), restored.float()
+    diff = (a - b).nan_to_num(nan=float("inf"))
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    rel = float(diff.norm() / a.norm().clamp_min(1e-30)) if diff.numel() else 0.0
+    return LayerFidelity(layer, kind, bool(exact), max_abs, rel)
+
+
+def attention_error(
+    keys: torch.Tensor, values: torch.Tensor, keys_hat: torch.Tensor, values_hat: torch.Tensor
+) -> float:
+    """Relative L2 error of softmax(q K^T / sqrt(d)) V under a fixed random query probe.
+
+    Captures hold no queries, so a seeded Gaussian probe (same for every file) stands in:
+    it weighs errors by how attention would actually mix the values.
+    """
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    num, den = 0.0, 0.0
+    for k, v, kh, vh in zip(keys, values, keys_hat, values_hat, strict=True):
+        heads, _, dim = k.shape
+        q = torch.randn(heads, PROBE_QUERIES, dim, generator=gen) * (dim**-0.25) * 4
+        ref = torch.softmax(q @ k.float().transpose(1, 2) / dim**0.5, -1) @ v.float()
+        out = torch.softmax(q @ kh.float().transpose(1, 2) / dim**0.5, -1) @ vh.float()
+        num += float((ref - out).pow(2).sum())
+        den += float(ref.pow(2).sum())
+    return (num / den) ** 0.5 if den else 0.0
+
 
 VERIFY_MODES = ("all", "sample", "none")
 SAMPLE_SESSIONS = 2  # `--verify sample` decodes this many sessions, the shortest ones
@@ -33,7 +85,9 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def restored_problems(original, restored, codec) -> list[str]:
+def restored_problems(
+    original: Capture, restored: Capture, codec: SessionCodec | Codec
+) -> list[str]:
     """What differs between `restored` and `original` beyond what `codec` allows; [] if none."""
     problems = structure_problems(original, restored)
     if problems:
@@ -57,7 +111,9 @@ def _promise_problems(original, restored, codec) -> list[str]:
     return problems
 
 
-def check_restored(original, restored, codec, consequence: str = "") -> None:
+def check_restored(
+    original: Capture, restored: Capture, codec: SessionCodec | Codec, consequence: str = ""
+) -> None:
     """Raise one SeqkvError naming the session and what differs (see `restored_problems`)."""
     problems = restored_problems(original, restored, codec)
     if problems:
@@ -68,7 +124,7 @@ def check_restored(original, restored, codec, consequence: str = "") -> None:
         )
 
 
-def same_capture(a, b) -> bool:
+def same_capture(a: Capture, b: Capture) -> bool:
     """Tokens, surprisal and every K/V tensor equal bit for bit."""
     if len(a.keys) != len(b.keys) or len(a.values) != len(b.values):
         return False
@@ -81,7 +137,7 @@ def same_capture(a, b) -> bool:
     return all(bit_equal(x, y) for x, y in pairs)
 
 
-def max_abs_error(a, b) -> float:
+def max_abs_error(a: Capture, b: Capture) -> float:
     """Largest |restored - captured| over every K/V element (NaN if any difference is NaN)."""
     pairs = [*zip(a.keys, b.keys, strict=True), *zip(a.values, b.values, strict=True)]
     errors = [float((x.double() - y.double()).abs().max()) for x, y in pairs if x.numel()]
@@ -90,7 +146,7 @@ def max_abs_error(a, b) -> float:
     return max(errors, default=0.0)
 
 
-def structure_problems(original, restored) -> list[str]:
+def structure_problems(original: Capture, restored: Capture) -> list[str]:
     """Tokens, surprisal, layer count, shapes and dtypes: what every codec must give back."""
     problems = []
     tokens, other = original.tokens.to(torch.long), restored.tokens.to(torch.long)
@@ -105,7 +161,7 @@ def structure_problems(original, restored) -> list[str]:
     return problems + kv_structure_problems(original, restored)
 
 
-def kv_structure_problems(original, restored) -> list[str]:
+def kv_structure_problems(original: Capture, restored: Capture) -> list[str]:
     """Layer count, then every K/V tensor's shape and dtype."""
     problems = []
     if len(original.keys) != len(restored.keys) or len(original.values) != len(restored.values):
@@ -165,7 +221,7 @@ class SessionCheck:
         return None if self.errors is None else max(e.rel_l2 for e in self.errors)
 
 
-def layer_errors(original, restored) -> list[LayerFidelity]:
+def layer_errors(original: Capture, restored: Capture) -> list[LayerFidelity]:
     """`fidelity.compare` of every layer's keys, then every layer's values (same structure)."""
     return [
         compare(a, b, i, kind)
@@ -177,7 +233,9 @@ def layer_errors(original, restored) -> list[LayerFidelity]:
     ]
 
 
-def check_session(original, restored, codec, *, measure: bool = True) -> SessionCheck:
+def check_session(
+    original: Capture, restored: Capture, codec: SessionCodec | Codec, *, measure: bool = True
+) -> SessionCheck:
     """Check one restored session: the codec's promise and, with `measure`, its errors."""
     structure = structure_problems(original, restored)
     problems = structure or _promise_problems(original, restored, codec)
@@ -204,7 +262,11 @@ def sessions_to_decode(entries: list[dict], mode: str) -> list[dict]:
 
 
 def check_sessions(
-    arc, originals: Mapping[str, object], entries: list[dict] | None = None, *, measure=True
+    arc: Archive,
+    originals: Mapping[str, object],
+    entries: list[dict] | None = None,
+    *,
+    measure: bool = True,
 ) -> list[SessionCheck]:
     """Decode `entries` (default: every session) of an open `Archive`; check each one.
 

@@ -9,7 +9,7 @@ import torch
 
 from cli_run import assert_error, invoke
 from seqkv_cli import capture, load_capture
-from seqkv_cli.skv.restore import Archive
+from seqkv_cli.archive import Archive
 
 LOSSY_REL_L2 = {"int8": 0.02, "kivi4": 0.15, "kivi2": 0.5, "turbo4": 0.12, "turbo3": 0.22}
 

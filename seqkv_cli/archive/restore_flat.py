@@ -1,4 +1,4 @@
-"""Restoring sessions of a flat archive (one set of sections per session; skv.restore.Archive).
+"""Restoring sessions of a flat archive (one set of sections per session; archive.restore.Archive).
 
 A per-vector codec's K/V blocks decode one session at a time; a model codec's token streams
 decode `batch` sessions in lockstep, one model pass per position for all of them. A damaged
@@ -12,16 +12,17 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from seqkv_cli.archive.entries import checked_part
 from seqkv_cli.container.layout import kv_part, section_name
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.session_entries import checked_part
+from seqkv_cli.kvcapture.capture_file import Capture
 
 KINDS = ("key", "value")
 
 
 def restore_flat(arc, entries: list[dict], batch: int) -> Iterator[tuple[dict, object]]:
     """Yield (entry, Capture or the SeqkvError that stopped it), in order, for `entries` of
-    the flat archive `arc` (an open skv.restore.Archive)."""
+    the flat archive `arc` (an open archive.restore.Archive)."""
     if not arc.needs_model:
         for entry in entries:
             try:
@@ -67,7 +68,6 @@ def _reader_for(arc, entry: dict):
 
 
 def _restore_pervector(arc, entry: dict):
-    from seqkv_cli.kvcapture.capture_file import Capture
 
     i, n = entry["index"], entry["positions"]
     raw_tokens = arc.reader.read_section(section_name(i, "tokens"))

@@ -9,19 +9,30 @@ symlink, the file it names is compacted (the link stays a link).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from seqkv_cli.archive.create import compress_captures
+from seqkv_cli.archive.decompression import decompress
+from seqkv_cli.archive.restore import Archive
+from seqkv_cli.container import locked_for_append
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import discard_quietly, staging_dir, write_target
+from seqkv_cli.runtime.loading import LoadedModel, load_model
+from seqkv_cli.sequential.registry import capabilities
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.session_codec import SessionCodec
+    from seqkv_codecs.base import Codec
 
 
-def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
-    from seqkv_cli.container import locked_for_append
-    from seqkv_cli.runtime.loading import LoadedModel, load_model
-    from seqkv_cli.sequential.registry import capabilities
-    from seqkv_cli.skv.compress import compress_captures
-    from seqkv_cli.skv.decompress import decompress
-    from seqkv_cli.skv.restore import Archive
+def compact(
+    path: Path,
+    model: str | LoadedModel | None = None,
+    on_wait: Callable[[], None] | None = None,
+    near_dup: bool = False,
+):
 
     path = write_target(path)
     if not path.is_file():
@@ -59,7 +70,7 @@ def compact(path: Path, model=None, on_wait=None, near_dup: bool = False):
             discard_quietly(scratch)
 
 
-def refuse_lossy(path: Path, codec) -> None:
+def refuse_lossy(path: Path, codec: SessionCodec | Codec) -> None:
     """Compact decodes and encodes every session again: with a lossy codec each compact
     would add the codec's error once more (turbo3: 1.87 -> 2.19), and report success."""
     if not getattr(codec, "lossless", False):

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.caches import cache_layers
+from seqkv_cli.kvcapture.capture_file import DTYPES
+from seqkv_cli.runtime.hfcompat import cache_kwarg
 
 RECORD_VERSION = 1
 
@@ -38,7 +41,9 @@ class Schedule:
     calls: tuple[int, ...]
 
     @classmethod
-    def for_tokens(cls, n: int, prompt_length=None, schedule=None) -> Schedule:
+    def for_tokens(
+        cls, n: int, prompt_length: int | None = None, schedule: list[int] | None = None
+    ) -> Schedule:
         if prompt_length is not None and schedule is not None:
             raise SeqkvError("give prompt_length or schedule, not both")
         if schedule is not None:
@@ -73,7 +78,7 @@ class Schedule:
         return out
 
     @classmethod
-    def from_runs(cls, runs) -> Schedule:
+    def from_runs(cls, runs: list) -> Schedule:
         calls: list[int] = []
         for length, count in runs:
             calls.extend([length] * count)
@@ -91,7 +96,7 @@ def cache_digest(keys: list[torch.Tensor], values: list[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def environment_of(model) -> dict:
+def environment_of(model: torch.nn.Module) -> dict:
     import transformers
 
     param = next(model.parameters())
@@ -104,7 +109,7 @@ def environment_of(model) -> dict:
     }
 
 
-def make_record(model, schedule: Schedule, dtype_name: str, digest: str) -> dict:
+def make_record(model: torch.nn.Module, schedule: Schedule, dtype_name: str, digest: str) -> dict:
     return {
         "version": RECORD_VERSION,
         "calls": schedule.runs(),
@@ -148,14 +153,10 @@ def read_record(meta: dict, positions: int) -> dict | None:
     return rec
 
 
-def replay(model, token_ids: list[int], rec: dict) -> tuple[list, list]:
+def replay(model: torch.nn.Module, token_ids: list[int], rec: dict) -> tuple[list, list]:
     """Re-run `model` on the tokens with the recorded schedule; K/V per layer on the CPU,
     (kv_heads, n, head_dim), in the recorded cache dtype."""
     from transformers import DynamicCache
-
-    from seqkv_cli.api.caches import cache_layers
-    from seqkv_cli.kvcapture.capture_file import DTYPES
-    from seqkv_cli.runtime.hfcompat import cache_kwarg
 
     n = len(token_ids)
     covered = sum(length * count for length, count in rec["calls"])
@@ -188,13 +189,15 @@ def replay(model, token_ids: list[int], rec: dict) -> tuple[list, list]:
     return keys, values
 
 
-def reproduced(model, token_ids: list[int], rec: dict) -> tuple[list, list] | None:
+def reproduced(model: torch.nn.Module, token_ids: list[int], rec: dict) -> tuple[list, list] | None:
     """The replayed K/V when their digest is the recorded one, else None."""
     keys, values = replay(model, token_ids, rec)
     return (keys, values) if cache_digest(keys, values) == rec["sha256"] else None
 
 
-def not_reproduced_message(session_id: str, rec: dict, model, worst: float | None) -> str:
+def not_reproduced_message(
+    session_id: str, rec: dict, model: torch.nn.Module, worst: float | None
+) -> str:
     here = environment_of(model)
     differs = [f"{k} {rec.get(k)} -> {here[k]}" for k in here if str(rec.get(k)) != str(here[k])]
     why = "; ".join(differs) if differs else "same software and device: another machine class"
@@ -204,3 +207,17 @@ def not_reproduced_message(session_id: str, rec: dict, model, worst: float | Non
         "load(..., replay=False) gives the canonical K/V, or add it again with "
         "residual='lossless' for a copy that restores anywhere"
     )
+
+
+def entry_record(entry: dict) -> dict | None:
+    """The replay record an archive's index entry holds, checked; None for a session without
+    one (a record is read against the entry's own session id and length)."""
+    meta = {**entry.get("capture_meta", {}), "session_id": entry["id"]}
+    return read_record(meta, int(entry["positions"]))
+
+
+def replay_schedule(entry: dict) -> list[int] | None:
+    """The forward calls (token counts) that filled a replayed session's cache; None for a
+    session without a replay record."""
+    rec = entry_record(entry)
+    return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)

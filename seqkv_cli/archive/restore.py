@@ -1,7 +1,7 @@
 """Reading sessions back out of a container: decode sections into captures.
 
 `Archive` opens the file, checks its header and model, and hands each restore to the path
-for its shape: skv/restore_trie.py (trie archives) or skv/restore_flat.py (one set of
+for its shape: archive/restore_trie.py (trie archives) or archive/restore_flat.py (one set of
 sections per session).
 """
 
@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from seqkv_cli.archive.entries import check_entry
+from seqkv_cli.container import open_container
 from seqkv_cli.container.layout import capture_meta_of, kv_part, section_name
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.blocks import to_tensor
-from seqkv_cli.sequential.registry import capabilities
-from seqkv_cli.skv.session_entries import check_entry
+from seqkv_cli.kvcapture.capture_file import check_capture
+from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import (
     MAX_POSITIONS,
     PartReader,
@@ -25,6 +28,11 @@ from seqkv_cli.trie import (
     load_trie,
     session_entries,
 )
+from seqkv_codecs.errors import CodecError
+
+if TYPE_CHECKING:
+    from seqkv_cli.kvcapture.capture_file import Capture
+    from seqkv_cli.runtime.loading import LoadedModel
 
 SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V state each)
 
@@ -32,9 +40,7 @@ SESSION_BATCH = 16  # model-backed sessions decoded in lockstep (memory: one K/V
 class Archive:
     """An open container plus its decoding pipeline; sessions decode one at a time."""
 
-    def __init__(self, path: Path | str, model=None) -> None:
-        from seqkv_cli.container import open_container
-        from seqkv_cli.sequential.registry import resolve_codec
+    def __init__(self, path: Path | str, model: str | LoadedModel | None = None) -> None:
 
         self.path = Path(path)
         # Told (tokens decoded so far, tokens to decode) while model codecs restore: progress.
@@ -74,7 +80,7 @@ class Archive:
     def canonical(self):
         """The model this container was compressed with, checked by fingerprint."""
         if self._canon is None:
-            from seqkv_cli.skv.identity import fingerprint_matches, load_canonical
+            from seqkv_cli.archive.identity import fingerprint_matches, load_canonical
 
             canon, ident = load_canonical(self._model_spec, self.codec.numerics)
             want = self.model.get("fingerprint", "?")
@@ -105,7 +111,6 @@ class Archive:
         raise SeqkvError(f"{self.path} has no session '{session_id}' (it has: {known})")
 
     def decode_kv(self, entry: dict, layer: int, kind: str) -> torch.Tensor:
-        from seqkv_codecs.errors import CodecError
 
         name = section_name(entry["index"], kv_part(layer, kind))
         data = self.reader.read_section(name)  # checks the section's CRC32C
@@ -135,20 +140,18 @@ class Archive:
         position for all of them); a damaged session does not stop the others.
         """
         if self.trie is not None:
-            from seqkv_cli.skv.restore_trie import restore_trie
+            from seqkv_cli.archive.restore_trie import restore_trie
 
             yield from restore_trie(self, entries)
         else:
-            from seqkv_cli.skv.restore_flat import restore_flat
+            from seqkv_cli.archive.restore_flat import restore_flat
 
             yield from restore_flat(self, entries, batch)
 
-    def with_meta(self, entry: dict, restored):
+    def with_meta(self, entry: dict, restored: Capture | Exception):
         """`restored` (a Capture, or the error that stopped it) with the entry's metadata, or
         the one-line error when that metadata contradicts the decoded tensors (a shape field
         changed and re-signed)."""
-        from seqkv_cli.kvcapture.capture_file import check_capture
-
         if not isinstance(restored, Exception):
             restored.meta = capture_meta_of(entry, self.model)
             try:

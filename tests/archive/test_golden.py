@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seqkv_cli import load_capture
-from seqkv_cli.skv.restore import Archive
+from seqkv_cli.archive import Archive
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "v1"
 EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
@@ -79,7 +79,7 @@ PORTABLE_GOLDEN = SEQ_GOLDEN.parent / "seq-portable-v1"
 @pytest.mark.parametrize("name", sorted(SEQ_FILES))
 def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name, version):
     """Files of portable-fx53-v1, -v2 and -v3 (same tiny model as seq-v1): no definition drifts."""
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     golden = SEQ_GOLDEN.parent / f"seq-portable-{version}"
     with Archive(golden / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
@@ -109,7 +109,7 @@ def test_compact_golden_restores_its_capture_and_is_written_the_same_today(
     gives the same bytes."""
     import hashlib
 
-    from seqkv_cli.skv.compress import compress_captures, same_capture
+    from seqkv_cli.archive import compress_captures, same_capture
 
     golden_dir = SEQ_GOLDEN.parent / folder
     expected = json.loads((golden_dir / "expected.json").read_text())
@@ -134,7 +134,7 @@ RESIDUAL_GOLDEN = SEQ_GOLDEN.parent
 def test_rounding_residual_golden_restores_a_foreign_capture_bit_for_bit(folder, version, name):
     """SKR2 parts (a non-canonical capture's residual, modelled on the recompute's rounding):
     stream version 1 (seqkv 0.2, on numeric path v1) and version 2 (seqkv 0.3, v2)."""
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     golden = RESIDUAL_GOLDEN / folder
     with Archive(golden / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
@@ -157,7 +157,7 @@ def test_binary_table_golden_restores_every_session_bit_for_bit(name):
     """Format 1.4 (binary section tables, seqkv 0.4): a foreign capture with its residual
     parts and its own surprisal (`SKS1`), in a trie, a flat file and a trie grown by one
     append (two binary records; the appended session is canonical)."""
-    from seqkv_cli.skv.compress import same_capture
+    from seqkv_cli.archive import same_capture
 
     captures = {
         "a": RESIDUAL_GOLDEN / "residual-skr2-v2" / "captures" / "a.safetensors",

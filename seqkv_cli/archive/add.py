@@ -7,11 +7,15 @@ commit point leaves the file at its previous state (seqkv_cli/container/append.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from seqkv_cli.archive.identity import fingerprint_matches, load_canonical, model_identity
+from seqkv_cli.container import locked_for_append
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.sequential.registry import capabilities
+from seqkv_cli.runtime.loading import LoadedModel, load_model
+from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import (
     MAX_POSITIONS,
     NodeSource,
@@ -38,17 +42,24 @@ class AddResult:
     file_bytes: int
 
 
-def add_captures(path: Path, capture_paths: list[Path], model=None, on_wait=None) -> AddResult:
+def add_captures(
+    path: Path,
+    capture_paths: list[Path],
+    model: str | LoadedModel | None = None,
+    on_wait: Callable[[], None] | None = None,
+) -> AddResult:
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
     return add_sources(path, [Source.from_path(p) for p in capture_paths], model, on_wait)
 
 
-def add_sources(path: Path, sources: list[Source], model=None, on_wait=None) -> AddResult:
+def add_sources(
+    path: Path,
+    sources: list[Source],
+    model: str | LoadedModel | None = None,
+    on_wait: Callable[[], None] | None = None,
+) -> AddResult:
     """Append sessions (capture files or in-memory captures) to the trie archive `path`."""
-    from seqkv_cli.container import locked_for_append
-    from seqkv_cli.sequential.registry import resolve_codec
-
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
     refuse_empty(sources)
@@ -91,9 +102,6 @@ def _expand_compact(appender, model, path):
     """Rewrite a compact single-session file as the full trie archive it stands for (same
     token bytes, nothing decoded), so it can take a segment; the model, loaded and checked
     against the file's fingerprint, is returned for the append that follows."""
-    from seqkv_cli.runtime.loading import LoadedModel, load_model
-    from seqkv_cli.skv.identity import fingerprint_matches
-
     lm = model if isinstance(model, LoadedModel) else load_model(model)
     want = appender.reader.compact.fingerprint
     if not fingerprint_matches(want, lm.fingerprint):
@@ -101,11 +109,7 @@ def _expand_compact(appender, model, path):
             f"{path} was compressed with fingerprint {want}; the loaded model has "
             f"{lm.fingerprint[:16]}; pass --model with the right one"
         )
-    ident = {
-        "fingerprint": lm.fingerprint,
-        "tokenizer_fingerprint": lm.tokenizer_fingerprint,
-        "name": lm.name,
-    }
+    ident = model_identity(lm)
     session = appender.reader.compact
     payload = appender.reader.read_section(part_name(1, "tokens"))
     header = archive_header(
@@ -136,7 +140,6 @@ def _model_side(coder, contents, reader, model, header, path):
     """The canonical model (checked against the archive's) and a reader of node tokens."""
     if not capabilities(coder).needs_canonical:
         return None, NodeSource(contents, PartReader(reader), 1 << 32, 24)
-    from seqkv_cli.skv.identity import load_canonical
 
     canon, ident = load_canonical(model, coder.numerics)
     want = (header.get("model") or {}).get("fingerprint")

@@ -10,19 +10,35 @@ killed with SIGKILL staged, the next writer in that folder removes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from seqkv_cli.archive.restore import Archive
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import (
+    discard_quietly,
+    make_output_dir,
+    publish,
+    refuse_output_in_inputs,
+    remove_created_dirs,
+    staging_dir,
+)
+from seqkv_cli.kvcapture.capture_file import write_capture
+from seqkv_cli.kvcapture.inputs import unique_stems
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.loading import LoadedModel
 
 
 def decompress(
     path: Path,
     out_dir: Path,
     session_ids: list[str] | None = None,
-    on_session=None,
-    model=None,
+    on_session: Callable[[dict, Path], None] | None = None,
+    model: str | LoadedModel | None = None,
     numbered: bool = False,
-    on_tokens=None,
+    on_tokens: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
     """Write capture files for the chosen sessions (all by default), in the order asked;
     `on_tokens(done, total)` is told the tokens decoded as model codecs restore.
@@ -30,9 +46,6 @@ def decompress(
     Files are named after the session ids (`file_stem_for`); `numbered` names them
     0.safetensors, 1.safetensors... instead (compact's scratch copies, where only the order
     matters and ids need no file-name form)."""
-    from seqkv_cli.fsutil import discard_quietly, make_output_dir, remove_created_dirs
-    from seqkv_cli.skv.restore import Archive
-
     path, out_dir = Path(path), Path(out_dir)
     if not path.is_file():
         raise SeqkvError(f"no such file: {path}")
@@ -64,9 +77,6 @@ def decompress(
 
 def output_targets(out_dir: Path, session_ids: list[str], archive: Path) -> dict[str, Path]:
     """Each session's capture file; refuses ids that share a file and the archive itself."""
-    from seqkv_cli.fsutil import refuse_output_in_inputs
-    from seqkv_cli.kvcapture.inputs import unique_stems
-
     stems = unique_stems(session_ids)
     targets = {i: out_dir / f"{stems[i]}.safetensors" for i in session_ids}
     for target in targets.values():
@@ -76,9 +86,6 @@ def output_targets(out_dir: Path, session_ids: list[str], archive: Path) -> dict
 
 def _stage(restored, target: Path) -> Path:
     """Save `restored` in a staging folder of this run beside `target`: the staged file."""
-    from seqkv_cli.fsutil import discard_quietly, staging_dir
-    from seqkv_cli.kvcapture.capture_file import write_capture
-
     try:
         folder = staging_dir(target)
     except OSError as exc:
@@ -93,8 +100,6 @@ def _stage(restored, target: Path) -> Path:
 
 def _publish(staged: dict[str, Path], targets: dict[str, Path], entries, on_session):
     """Rename every staged file to its real name, in the order the sessions were asked."""
-    from seqkv_cli.fsutil import discard_quietly, publish
-
     written = []
     for entry in entries:
         tmp, target = staged[entry["id"]], targets[entry["id"]]
