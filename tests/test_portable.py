@@ -239,7 +239,7 @@ def _variant_id(env):
     ids=_variant_id,
 )
 def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tiny_model_dir, env):
-    from bench.portability import capture_digest, decode_in_child
+    from bench.studies.portability import capture_digest, decode_in_child
 
     work, captures = portable_archive
     want = {sid: capture_digest(cap) for sid, cap in captures.items()}
@@ -250,7 +250,7 @@ def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tin
 
 @pytest.mark.model
 def test_embedded_model_archive_decodes_the_same_under_other_isa_and_threads(embedded_lm, tmp_path):
-    from bench.portability import capture_digest, decode_in_child
+    from bench.studies.portability import capture_digest, decode_in_child
     from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.api import capture
 

@@ -50,7 +50,7 @@ def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
 
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("the legacy golden files need a CPU with AVX2 to imitate their writer")
-    from bench.portability import capture_digest, decode_in_child
+    from bench.studies.portability import capture_digest, decode_in_child
 
     with Archive(SEQ_GOLDEN / f"{name}.skv") as arc:
         assert arc.codec.codec_id == SEQ_FILES[name]["codec"]
