@@ -2,8 +2,9 @@
 and its one publish of results (JSON + Markdown, written atomically through seqkv's
 `fsutil.atomic_path`).
 
-Benches run as modules from the repository root (``python -m bench.drafts --json out.json``);
-each keeps its own measurements and adds only its own options to `parser`'s common ones.
+Benches run as modules from the repository root (``python -m bench.studies.drafts --json
+out.json``); each keeps its own measurements and adds only its own options to `parser`'s
+common ones.
 """
 
 from __future__ import annotations

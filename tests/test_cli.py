@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from cli_run import invoke
@@ -149,3 +151,27 @@ def test_pipeline_captures_compresses_verifies_and_summarises(embedded_lm, tmp_p
     assert (run / "seq.skv").exists() and (run / "int8.skv").exists()
     result = invoke("pipeline", str(short), "-o", str(tmp_path / "r2"), "--verify", "maybe")
     assert_one_line_error(result, "--verify must be one of all, sample, none")
+
+
+def test_a_model_command_is_declared_and_must_take_the_machine_options():
+    """`runs_model` is what applies --threads and --device, so a command that declares it
+    without both options fails when it is defined, not when a user runs it."""
+    from seqkv_cli.cli import app
+    from seqkv_cli.commands.options import runs_model
+
+    with pytest.raises(TypeError, match=r"forgetful runs a model but takes no \['device'\]"):
+
+        @runs_model
+        def forgetful(threads: int | None = None) -> None: ...
+
+    # every command with both options declares it (else they would be accepted and ignored)
+    def commands(group):
+        for info in group.registered_commands:
+            yield info.callback
+        for sub in group.registered_groups:
+            yield from commands(sub.typer_instance)
+
+    for callback in commands(app):
+        params = set(inspect.signature(callback).parameters)
+        takes = {"threads", "device"} <= params
+        assert takes == getattr(callback, "runs_model", False), callback.__name__

@@ -252,11 +252,11 @@ def test_markup_and_escape_sequences_in_ids_and_paths_are_printed_inertly(tmp_pa
 
 
 def test_two_compresses_to_one_output_do_not_publish_each_others_file(tmp_path, monkeypatch):
-    import seqkv_cli.skv.compress_trie as compress_trie
+    import seqkv_cli.archive.create as create
 
     a, b = write(tmp_path, "a", "a"), write(tmp_path, "b", "b", n=9)
     out = tmp_path / "x.skv"
-    real = compress_trie.verify_against
+    real = create.verify_against
     other: list = []
     raced = []
 
@@ -264,7 +264,7 @@ def test_two_compresses_to_one_output_do_not_publish_each_others_file(tmp_path, 
         real(path, *args)
         if not raced:  # while A is between write and publish, B runs to the end
             raced.append(1)
-            from seqkv_cli.skv.compress import compress_captures
+            from seqkv_cli.archive import compress_captures
 
             worker = threading.Thread(
                 target=lambda: other.append(compress_captures([b], out, codec="raw"))
@@ -272,11 +272,11 @@ def test_two_compresses_to_one_output_do_not_publish_each_others_file(tmp_path, 
             worker.start()
             worker.join()
 
-    monkeypatch.setattr(compress_trie, "verify_against", verify_then_race)
+    monkeypatch.setattr(create, "verify_against", verify_then_race)
     result = invoke("compress", a, "-o", out, "--codec", "raw")
     assert result.exit_code == 0, result.output
     assert other, "the racing compress failed"
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     with Archive(out) as arc:  # A published last: its own file, whole
         assert [e["id"] for e in arc.sessions] == ["a"]
@@ -356,7 +356,7 @@ def test_append_without_flock_refuses_clearly(tmp_path, monkeypatch):
 
 
 def test_add_after_a_torn_tail_reports_the_bytes_it_added(tmp_path):
-    from seqkv_cli.archive.append import add_captures
+    from seqkv_cli.archive import add_captures
 
     a, b = write(tmp_path, "a", "a"), write(tmp_path, "b", "b", n=30, tokens=list(range(30)))
     skv = tmp_path / "x.skv"

@@ -17,10 +17,9 @@ import torch
 
 from cli_run import assert_error, invoke
 from conftest import build_tiny_model
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 
 VOCABS = (151_936, 256_000)
 # the smallest shape the portable path runs: the forward is negligible next to the vocabulary

@@ -190,7 +190,7 @@ def test_v3_and_v2_are_as_close_to_the_real_numbers_as_fp32_and_v1_is_not(embedd
 
 
 def test_unknown_numeric_path_in_a_file_is_refused():
-    from seqkv_cli.skv.compress import resolve_codec
+    from seqkv_cli.sequential.registry import resolve_codec
 
     with pytest.raises(SeqkvError, match="numeric path 'portable-fx99' is unknown"):
         resolve_codec({"id": "seq", "numerics": "portable-fx99"})
@@ -203,8 +203,8 @@ def test_unknown_numeric_path_in_a_file_is_refused():
 
 @pytest.fixture(scope="module")
 def portable_archive(tmp_path_factory, tiny_model_dir):
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.api import capture
-    from seqkv_cli.skv.compress import compress_captures
 
     work = tmp_path_factory.mktemp("portable")
     (work / "a.txt").write_text("Portable bits: the same archive on every machine. " * 3)
@@ -239,7 +239,7 @@ def _variant_id(env):
     ids=_variant_id,
 )
 def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tiny_model_dir, env):
-    from bench.portability import capture_digest, decode_in_child
+    from bench.studies.portability import capture_digest, decode_in_child
 
     work, captures = portable_archive
     want = {sid: capture_digest(cap) for sid, cap in captures.items()}
@@ -250,9 +250,9 @@ def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tin
 
 @pytest.mark.model
 def test_embedded_model_archive_decodes_the_same_under_other_isa_and_threads(embedded_lm, tmp_path):
-    from bench.portability import capture_digest, decode_in_child
+    from bench.studies.portability import capture_digest, decode_in_child
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.kvcapture.api import capture
-    from seqkv_cli.skv.compress import compress_captures
 
     src = Path(__file__).resolve().parent.parent / "sample_data" / "sample_code.py"
     [res] = capture([str(src)], model=embedded_lm, out=tmp_path / "caps", max_tokens=40)

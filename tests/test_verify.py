@@ -1,4 +1,4 @@
-"""Issue 13 (B): one verifier (`skv/verify.py`) behind compress, verify, pipeline, compact and
+"""Issue 13 (B): one verifier (`archive/verify.py`) behind compress, verify, pipeline, compact and
 report; and the leftovers of part A (markup in info/verify, pipeline outputs, writer
 temporaries, the GGUF conversion)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from seqkv_cli.archive import check_restored, restored_problems
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import Capture
-from seqkv_cli.skv.verify import check_restored, restored_problems
 from test_data_safety import assert_error, invoke, synthetic, write
 
 
@@ -84,7 +84,7 @@ def test_every_codec_kind_refuses_other_tokens_surprisal_shapes_or_dtypes(change
 
 
 def _tamper_restores(monkeypatch, change):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     real = Archive.restore_many
 
@@ -312,13 +312,13 @@ def test_the_fp32_folder_is_written_once_and_never_deleted(tmp_path, monkeypatch
 
 
 def test_there_is_one_decompress(tmp_path):
-    from seqkv_cli.skv import decompress, restore
+    from seqkv_cli.archive import decompression, restore
 
     caps = [write(tmp_path, "a b", "a"), write(tmp_path, "a_b", "b")]
     skv = tmp_path / "x.skv"
     assert invoke("compress", *caps, "-o", skv, "--codec", "raw").exit_code == 0
     # an old copy in restore.py named both sessions "a_b.safetensors": one overwrote the other
-    written = decompress.decompress(skv, tmp_path / "out")
+    written = decompression.decompress(skv, tmp_path / "out")
     assert len({p.name for p in written}) == 2
     assert not hasattr(restore, "decompress") and not hasattr(restore, "_safe")
 

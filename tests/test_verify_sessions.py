@@ -1,5 +1,5 @@
 """Issue 16: the verification and pipeline-summary maths behind `seqkv verify` and
-`seqkv pipeline`, as library functions returning plain values (`skv/verify.py`,
+`seqkv pipeline`, as library functions returning plain values (`archive/verify.py`,
 `report/pipeline_summary.py`)."""
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from seqkv_cli.archive import (
+    SessionCheck,
+    check_session,
+    check_sessions,
+    check_verify_mode,
+    sessions_to_decode,
+)
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import Capture, load_capture
 from seqkv_cli.report.pipeline_summary import (
@@ -19,13 +26,6 @@ from seqkv_cli.report.pipeline_summary import (
     file_log2_ppl,
     fp16_bits_per_position,
     summarise,
-)
-from seqkv_cli.skv.verify import (
-    SessionCheck,
-    check_session,
-    check_sessions,
-    check_verify_mode,
-    sessions_to_decode,
 )
 from test_data_safety import invoke, synthetic, write
 
@@ -107,7 +107,7 @@ def test_sessions_to_decode_takes_all_or_the_two_shortest_by_length():
 
 
 def test_check_sessions_decodes_an_archive_in_order_and_compares_what_it_is_given(tmp_path):
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     paths = [write(tmp_path, sid, sid, dtype=torch.float32) for sid in ("a", "b", "c")]
     skv = tmp_path / "x.skv"

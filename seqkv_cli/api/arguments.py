@@ -1,17 +1,43 @@
-"""Checks of what the library API is given, shared by `open_archive(...).add` and
-`compress_sessions`: session ids, token ids, a session's length against the model context."""
+"""What the library API is given, checked before any model work, and one session of `add` made
+ready to write.
+
+Session ids, token ids and a session's length against the model context are shared by
+`open_archive(...).add`/`add_many` and `compress_sessions`. A session's user metadata
+(`add(meta=...)`) is refused at the door unless the archive can hold it and read it back: the
+bounds are the trie reader's own (a segment's session names and profiles are refused when
+they nest deeper than `trie.MAX_JSON_DEPTH` or inflate past `trie.NAMES_BYTES_PER_SESSION`),
+so metadata past either would make the whole archive unreadable. `prepare_session` turns
+`add`'s arguments into the trie source to write and what its report says.
+"""
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from seqkv_cli.archive import (
+    StoredKV,
+    check_positive_number,
+    coder_with_tolerance,
+    kv_to_store,
+    residual_to_use,
+)
+from seqkv_cli.container.schema import SchemaViolation, check_json_value
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.trie import MAX_JSON_DEPTH, NAMES_BYTES_PER_SESSION, Source, too_deep
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.loading import LoadedModel
+    from seqkv_cli.sequential.session_codec import SessionCodec
 
 MAX_ID_CHARS = 1024
 
 
-def check_session_id(session_id) -> str:
+def check_session_id(session_id: object) -> str:
     if not isinstance(session_id, str) or not session_id:
         raise SeqkvError(f"a session id must be a non-empty string, not {session_id!r}")
     if len(session_id) > MAX_ID_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in session_id):
@@ -22,7 +48,7 @@ def check_session_id(session_id) -> str:
     return session_id
 
 
-def token_list(input_ids, vocab_size: int) -> list[int]:
+def token_list(input_ids: object, vocab_size: int) -> list[int]:
     """Token ids from a list, a 1-D tensor/array, or a (1, n) batch."""
     arr = input_ids.detach().cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
     try:
@@ -45,10 +71,95 @@ def token_list(input_ids, vocab_size: int) -> list[int]:
     return [int(t) for t in arr]
 
 
-def check_fits_context(session_id: str, ids: list[int], lm) -> None:
+def check_fits_context(session_id: str, ids: list[int], lm: LoadedModel) -> None:
     """A session no longer than the model's context (what its canonical forward can run)."""
     if len(ids) > lm.max_context:
         raise SeqkvError(
             f"session {session_id!r} has {len(ids)} tokens, more than the model context "
             f"({lm.max_context})"
         )
+
+
+USER_META_KEY = "meta"  # where a session's `add(meta=...)` is kept in its capture metadata
+# The segment's names hold the user's dict four levels down: {"sessions": [[id, {"meta": ...}]]}
+# or {"profiles": [{"capture_meta": {"meta": ...}}]}.
+MAX_META_DEPTH = MAX_JSON_DEPTH - 4
+MAX_META_BYTES = NAMES_BYTES_PER_SESSION
+
+
+def check_meta(meta: object) -> dict:
+    """`add(meta=...)`: a dict of JSON-plain values that the archive index holds and gives back
+    as it was; a one-line SeqkvError for anything else."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+        raise SeqkvError("meta must be a dict with string keys")
+    for key, value in meta.items():
+        if not isinstance(value, str | int | float | dict) or value is None:
+            raise SeqkvError(
+                f"meta[{key!r}] is {type(value).__name__}; values must be str, int, float, "
+                "bool or dict"
+            )
+    if too_deep(meta, MAX_META_DEPTH):  # iterative: a 5,000-deep dict is no RecursionError
+        raise SeqkvError(f"meta nests dicts and lists deeper than {MAX_META_DEPTH} levels")
+    try:
+        check_json_value(meta, "meta")  # NaN, non-string keys, tuples, sets, lone surrogates
+    except SchemaViolation as exc:
+        raise SeqkvError(f"meta is not JSON-plain: {exc}") from None
+    text = json.dumps(meta, allow_nan=False)
+    if len(text) > MAX_META_BYTES:
+        raise SeqkvError(f"meta is {len(text)} bytes of JSON; at most {MAX_META_BYTES:,}")
+    return json.loads(text)
+
+
+def stored_meta(entry: dict) -> dict:
+    """The user metadata of an index entry ({} if none)."""
+    meta = entry.get("capture_meta", {}).get(USER_META_KEY, {})
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
+@dataclass(frozen=True)
+class PreparedSession:
+    """One session of an `add_many`, ready to write, and what its report will say."""
+
+    session_id: str
+    tokens: int
+    source: object  # a trie.sources.Source
+    kept: StoredKV
+
+
+def prepare_session(
+    lm: LoadedModel, runner: torch.nn.Module, coder: SessionCodec, sid: str, args: dict
+) -> PreparedSession:
+    """Session `sid` (a checked id) with `add`'s arguments `args` (by name, defaults filled in),
+    for an archive of `lm` coded by `coder`; `runner` is the user's model a replay re-runs."""
+    ids = token_list(args["input_ids"], lm.vocab_size)
+    meta = check_meta(args["meta"])
+    cache, tolerance = args["cache"], args["tolerance"]
+    how_filled = (args["prompt_length"], args["schedule"])
+    residual = residual_to_use(
+        args["residual"],
+        tolerance,
+        has_cache=cache is not None,
+        describes_filling=how_filled != (None, None),
+    )
+    own_coder = None if tolerance is None else coder_with_tolerance(coder, tolerance)
+    limit = args["max_relative_difference"]
+    if limit is not None:
+        check_positive_number("max_relative_difference", limit)
+    check_fits_context(sid, ids, lm)
+    kept = kv_to_store(
+        lm,
+        runner,
+        coder.numerics,
+        sid,
+        ids,
+        cache,
+        residual=residual,
+        tolerance=tolerance,
+        how_filled=how_filled,
+        limit=limit,
+    )
+    if meta:
+        kept.capture.meta[USER_META_KEY] = meta
+    return PreparedSession(sid, len(ids), Source.from_capture(kept.capture, own_coder), kept)

@@ -8,28 +8,84 @@ An archive holds sessions of one model. `add` appends a segment (nothing committ
 rewritten; a crash leaves the file as it was) and shares every prefix already stored, so a
 growing session costs only its new tokens. The first `add` creates the file.
 
-This module is the archive object: it checks the file and the model, and turns `add`'s
-arguments into sources to write and writes them. The pieces are beside it: results.py
-(SessionInfo, AddReport), prepare.py (one session to add: arguments.py checks ids and token
-ids, metadata.py `meta=`, stored_kv.py what is kept of a cache by skv/residual_policy.py),
-archive_index.py (what the index answers without decoding)."""
+This module is the archive object and what it hands back (SessionInfo, AddReport): it
+checks the file and the model, has `add`'s arguments made into sources (arguments.py) and
+writes them through the archive package (`seqkv_cli.archive`: create, add, restore, replay,
+what is kept of a user's cache).
+"""
 
 from __future__ import annotations
 
 import inspect
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from seqkv_cli.api.arguments import check_session_id
-from seqkv_cli.api.metadata import check_meta
-from seqkv_cli.api.prepare import PreparedSession, prepare_session
-from seqkv_cli.api.results import AddReport, SessionInfo
+from seqkv_cli.api.arguments import PreparedSession, check_session_id, prepare_session, stored_meta
+from seqkv_cli.archive import (
+    Archive,
+    add_sources,
+    check_restored,
+    compress_sources,
+    entry_record,
+    fingerprint_matches,
+    not_reproduced_message,
+    read_record,
+    replay_schedule,
+    reproduced,
+    session_rows,
+)
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import discard_quietly, publish, staging_name
+from seqkv_cli.kvcapture.caches import to_cache
 
-# check_meta: where it was before metadata.py (tests/attacks/test_surface_fuzz.py imports it)
-__all__ = ["AddReport", "MemoryArchive", "SessionInfo", "check_meta", "open_archive"]
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One archived session, as `sessions()` lists it."""
+
+    id: str
+    tokens: int
+    bytes: int  # what this session adds on its own (its tokens past the shared prefix, residual)
+    shared_prefix: int  # positions it shares with other sessions
+    restore: str  # "replay", "canonical + residual" or "canonical" (how `load` rebuilds K/V)
+
+
+@dataclass(frozen=True)
+class AddReport:
+    """What one `add` stored."""
+
+    id: str
+    tokens: int
+    new_tokens: (
+        int | None
+    )  # tokens past the longest prefix already stored (None: add_many of several)
+    added_bytes: int
+    file_bytes: int
+    # how `load` gets the K/V back: "recomputed" (tokens only), "replay", "exact" (residual),
+    # "within EPS" (residual above a tolerance)
+    kv_strategy: str
+    max_abs_difference: float | None  # user's cache vs the canonical recompute (None: no cache)
+    note: str | None = None  # why replay was not used, when it was tried
+    # ‖cache - canonical‖ / ‖canonical‖, worst layer (None: no cache, or residual="none")
+    relative_difference: float | None = None
+
+    @property
+    def kv(self) -> str:
+        """Deprecated: `kv_strategy` (the name docs/API.md used before it)."""
+        warnings.warn(
+            "AddReport.kv is deprecated; use AddReport.kv_strategy",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.kv_strategy
 
 
 class Written(NamedTuple):
@@ -41,7 +97,15 @@ class Written(NamedTuple):
 class MemoryArchive:
     """An archive opened for adding and loading sessions (see `open_archive`)."""
 
-    def __init__(self, path, model=None, *, tokenizer=None, codec="seq", numerics=None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        model: str | Path | LoadedModel | torch.nn.Module | None = None,
+        *,
+        tokenizer: object = None,
+        codec: str | dict = "seq",
+        numerics: str | None = None,
+    ) -> None:
         from seqkv_cli.runtime.loading import resolve_model
         from seqkv_cli.runtime.numerics import DEFAULT
         from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
@@ -92,8 +156,6 @@ class MemoryArchive:
     def sessions(self) -> list[SessionInfo]:
         """Every session: id, tokens, bytes of its own, positions shared with others, and how
         `load` rebuilds its K/V."""
-        from seqkv_cli.api.archive_index import session_infos
-
         self._open()
         return session_infos(self.path) if self.path.is_file() else []
 
@@ -105,8 +167,6 @@ class MemoryArchive:
 
     def load_capture(self, session_id: str):
         """The session as a `Capture`: tokens, K/V per layer, surprisal, metadata."""
-        from seqkv_cli.skv.restore import Archive
-
         with Archive(self._file(), model=self._lm) as arc:
             return arc.restore(arc.session(str(session_id)))
 
@@ -117,19 +177,21 @@ class MemoryArchive:
         """The forward calls (token counts) that filled a replayed session's cache; None for
         a session without a replay record. A cache continued from `load(session_id)` was
         filled by this schedule plus the continuation's calls."""
-        from seqkv_cli.api.archive_index import index_entry, replay_schedule
-
         return replay_schedule(index_entry(self._file(), session_id))
 
     def meta(self, session_id: str) -> dict:
         """The metadata `add(meta=...)` stored with the session ({} if none); read from the
         index, no token is decoded."""
-        from seqkv_cli.api.archive_index import index_entry
-        from seqkv_cli.api.metadata import stored_meta
-
         return stored_meta(index_entry(self._file(), session_id))
 
-    def load(self, session_id: str, *, dtype: torch.dtype | None = None, device=None, replay=True):
+    def load(
+        self,
+        session_id: str,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        replay: bool = True,
+    ):
         """The session's cache as a `DynamicCache(config=model.config)`, ready for
         `model(..., past_key_values=cache)` or `model.generate(..., past_key_values=cache)`.
 
@@ -138,16 +200,13 @@ class MemoryArchive:
         unless `device` says otherwise. A
         session stored for replay re-runs the model it was added with and is checked against
         its digest; `replay=False` gives the canonical K/V instead."""
-        from seqkv_cli.api import replay as rp
-        from seqkv_cli.api.caches import to_cache
-
         cap = self.load_capture(session_id)
-        rec = rp.read_record(cap.meta, cap.positions)
+        rec = read_record(cap.meta, cap.positions)
         keys, values = cap.keys, cap.values
         if rec is not None and replay:
-            got = rp.reproduced(self._runner, cap.tokens.tolist(), rec)
+            got = reproduced(self._runner, cap.tokens.tolist(), rec)
             if got is None:
-                raise SeqkvError(rp.not_reproduced_message(session_id, rec, self._runner, None))
+                raise SeqkvError(not_reproduced_message(session_id, rec, self._runner, None))
             keys, values = got
         if device is None:  # the model's device, without making seqkv's model fp32 for it
             from seqkv_cli.runtime.devices import model_device
@@ -160,8 +219,8 @@ class MemoryArchive:
     def add(
         self,
         session_id: str,
-        input_ids,
-        cache=None,
+        input_ids: object,
+        cache: object = None,
         *,
         residual: str = "auto",
         tolerance: float | None = None,
@@ -197,7 +256,9 @@ class MemoryArchive:
         item = {name: value for name, value in locals().items() if name in _ADD_DEFAULTS}
         return self.add_many([item], verify=verify)[0]
 
-    def add_many(self, sessions, *, verify: bool = False) -> list[AddReport]:
+    def add_many(
+        self, sessions: Iterable[Mapping[str, object]], *, verify: bool = False
+    ) -> list[AddReport]:
         """Store several sessions in one append (one segment: cheaper than one `add` each,
         and one commit: all of them or none). Each item is a mapping of `add`'s arguments by
         name (`session_id`, `input_ids`, and optionally `cache`, `residual`, `tolerance`,
@@ -245,8 +306,6 @@ class MemoryArchive:
     # -- internals ------------------------------------------------------------------------
     def _store(self, sources) -> Written:
         """Append `sources` to the archive, or create it with them."""
-        from seqkv_cli.archive.append import add_sources
-
         if not self.path.is_file():
             created = self._create(sources)
             if created is not None:
@@ -258,9 +317,6 @@ class MemoryArchive:
     def _create(self, sources) -> int | None:
         """A new archive holding `sources`, published only if `path` still does not exist
         (a hard link never replaces a file): its size, or None when another writer won."""
-        from seqkv_cli.fsutil import discard_quietly, publish, staging_name
-        from seqkv_cli.skv.compress_trie import compress_sources
-
         tmp = staging_name(self.path, ".new.skv")
         try:
             result = compress_sources(sources, tmp, self._coder, False, self._lm, None)
@@ -281,9 +337,6 @@ class MemoryArchive:
 
     def _check_existing(self) -> None:
         """The file must be a trie archive of this model (checked before any work)."""
-        from seqkv_cli.skv.identity import fingerprint_matches
-        from seqkv_cli.skv.restore import Archive
-
         with Archive(self.path, model=self._lm) as arc:
             if arc.trie is None:
                 raise SeqkvError(
@@ -300,12 +353,18 @@ class MemoryArchive:
             self._coder = arc.codec  # the file's own codec decides how sessions are coded
 
     def _verify(self, sid, cap, coder) -> None:
-        from seqkv_cli.skv.verify import check_restored
 
         check_restored(cap, self.load_capture(sid), coder, f"stored in {self.path} anyway")
 
 
-def open_archive(path, model=None, *, tokenizer=None, codec="seq", numerics=None):
+def open_archive(
+    path: str | Path,
+    model: str | Path | LoadedModel | torch.nn.Module | None = None,
+    *,
+    tokenizer: object = None,
+    codec: str | dict = "seq",
+    numerics: str | None = None,
+):
     """Open (or, on the first `add`, create) a trie archive of `model`'s sessions.
 
     `model`: a transformers PreTrainedModel, a folder or `.gguf` path, or None for the
@@ -333,3 +392,34 @@ def add_arguments(item: dict) -> dict:
             f"add()'s keyword arguments (got {sorted(item)})"
         )
     return {name: item.get(name, default) for name, default in _ADD_DEFAULTS.items()}
+
+
+def session_infos(path: Path) -> list[SessionInfo]:
+    """Every session of the archive at `path`: id, tokens, bytes of its own, positions shared
+    with others, and how `load` rebuilds its K/V."""
+    rows, _ = session_rows(path)
+    with Archive(path) as arc:
+        entries = {e["id"]: e for e in arc.sessions}
+    out = []
+    for r in rows:
+        entry = entries[r["id"]]
+        try:
+            replayed = entry_record(entry) is not None
+        except SeqkvError:  # one bad record must not hide the other sessions
+            replayed, how = False, "malformed replay record"
+        else:
+            how = "canonical + residual" if entry.get("residual_bytes") else "canonical"
+        if replayed:
+            how = "replay"
+        out.append(
+            SessionInfo(
+                r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]), how
+            )
+        )
+    return out
+
+
+def index_entry(path: Path, session_id: str) -> dict:
+    """One session's index entry (a one-line error for an id the archive does not hold)."""
+    with Archive(path) as arc:
+        return arc.session(str(session_id))

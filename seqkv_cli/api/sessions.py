@@ -10,17 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seqkv_cli.api.arguments import check_fits_context, check_session_id, token_list
+from seqkv_cli.archive import compress_sources
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.engine import canonical_model, provenance
+from seqkv_cli.runtime.loading import resolve_model
+from seqkv_cli.runtime.numerics import DEFAULT
+from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
+from seqkv_cli.trie import Source
+
+if TYPE_CHECKING:
+    import torch
+
+    from seqkv_cli.runtime.loading import LoadedModel
 
 
 def compress_sessions(
     sessions: Iterable[tuple[str, object]],
-    out,
-    model=None,
+    out: str | Path,
+    model: str | Path | LoadedModel | torch.nn.Module | None = None,
     *,
-    tokenizer=None,
+    tokenizer: object = None,
     codec: str = "seq",
     numerics: str | None = None,
     verify: bool = False,
@@ -36,11 +48,6 @@ def compress_sessions(
     `layout` as `seqkv compress --layout` (one session: a compact file by default);
     `file_meta`: JSON-plain entries for the header's `meta` (the shard pipeline records there
     what a shard holds: scale/shard.py)."""
-    from seqkv_cli.kvcapture.engine import canonical_model, provenance
-    from seqkv_cli.runtime.loading import resolve_model
-    from seqkv_cli.skv.compress_trie import compress_sources
-    from seqkv_cli.trie.sources import Source
-
     coder = session_codec(codec, numerics)
     lm = resolve_model(model, tokenizer=tokenizer)
     path = canonical_model(lm, coder.numerics).numeric_path
@@ -69,9 +76,6 @@ def compress_sessions(
 
 def session_codec(codec: str = "seq", numerics: str | None = None):
     """The codec `compress_sessions` codes with (its config decides the bytes it writes)."""
-    from seqkv_cli.runtime.numerics import DEFAULT
-    from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
-
     caps = codec_capabilities(str(codec))
     if caps is None or not (caps.needs_canonical and caps.trie_capable):
         raise SeqkvError(

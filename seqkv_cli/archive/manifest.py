@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from seqkv_cli.archive.identity import fingerprint_matches
+from seqkv_cli.archive.restore import Archive
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.fsutil import atomic_path
 
 MANIFEST_NAME = "manifest.parquet"
 MANIFEST_VERSION = 2  # 2 added the `content` column and the `settings` metadata
@@ -37,7 +41,7 @@ COLUMNS = {
 }
 
 
-def token_digest(token_ids) -> str:
+def token_digest(token_ids: Sequence[int] | np.ndarray) -> str:
     """32 hex digits naming a session's content: BLAKE2b-128 of its token ids as <u4."""
     raw = np.asarray(token_ids, dtype=np.int64).astype("<u4").tobytes()
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
@@ -166,9 +170,6 @@ def _check_against_shards(file: Path, manifest: Manifest, fingerprint: str) -> N
     Bytes and shared prefixes are what the writer measured; `archive list` says so."""
     import pandas as pd
 
-    from seqkv_cli.skv.identity import fingerprint_matches
-    from seqkv_cli.skv.restore import Archive
-
     # The pipeline deletes shards of earlier plans once the manifest is written, so a shard
     # file beside the manifest that it does not list means rows were lost (or that run died
     # in between): listing the rest would hide those sessions.
@@ -235,8 +236,6 @@ def write_manifest(root: Path, rows: list[dict], model: dict, extra: dict | None
     has a `content` digest; `extra` goes to the metadata (the pipeline's `settings`...)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from seqkv_cli.fsutil import atomic_path
 
     ordered = sorted(rows, key=lambda r: (r["shard"], r["session_id"]))
     arrays = {

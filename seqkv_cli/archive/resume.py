@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from seqkv_cli.errors import SeqkvError
 
+if TYPE_CHECKING:
+    from seqkv_cli.kvcapture.capture_file import Capture
+    from seqkv_cli.runtime.loading import LoadedModel
 
-def continue_from(lm, capture, prompt: str, max_new_tokens: int) -> list[int]:
+
+def continue_from(lm: LoadedModel, capture: Capture, prompt: str, max_new_tokens: int) -> list[int]:
     """Greedy continuation of `capture` followed by `prompt`, from its cache (no re-prefill)."""
-    from seqkv_cli.kvcapture.capture_file import to_dynamic_cache
+    from seqkv_cli.kvcapture.caches import to_dynamic_cache
 
     if capture.positions == 0:
         raise SeqkvError("the session is empty; there is nothing to resume")

@@ -1,4 +1,5 @@
-"""What every command shares: error handling, consoles, quiet heavy libraries."""
+"""What every command shares: error handling, consoles, quiet heavy libraries, and how
+numbers, paths and tables are printed (the options they share: options.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _terminate(signum, frame) -> None:
 @contextlib.contextmanager
 def terminate_like_interrupt():
     """SIGTERM handled as SIGINT is, while a command runs: without this its default action
-    ends the process at once and leaves what the command staged (issue 37). Only the main
+    ends the process at once and leaves what the command staged. Only the main
     thread may set a handler; the previous one is put back (tests run many commands)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -60,26 +61,16 @@ def handle_errors(func):
     """Turn library errors into one line on stderr and a non-zero exit, never a traceback:
     SeqkvError (exit 2 or its own), an OS refusal nothing below named (a full disk, a quota,
     a read-only mount: exit 2), Ctrl-C ("interrupted", 130) and SIGTERM ("terminated", 143),
-    both after the command's own cleanup ran."""
+    both after the command's own cleanup ran. A model-running command is also declared with
+    `options.runs_model`, inside this (its --threads and --device refused here like any
+    other error)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         quiet_libraries()
         try:
             with terminate_like_interrupt():
-                if "threads" in kwargs:  # every model-running command takes --threads, --device
-                    from seqkv_cli.runtime.threads import use_threads
-
-                    use_threads(kwargs["threads"])
-                if "device" not in kwargs:
-                    return func(*args, **kwargs)
-                from seqkv_cli.runtime.devices import using
-                from seqkv_codecs.entropy.placement import on_device
-
-                # for this command only (tests run many in-process); long entropy streams
-                # follow the model onto a GPU (the same bytes, docs/ENTROPY_STREAM.md)
-                with using(kwargs["device"]) as dev, on_device(str(dev)):
-                    return func(*args, **kwargs)
+                return func(*args, **kwargs)
         except (SeqkvError, CodecError) as exc:
             err_console.print(f"[bold red]error:[/] {shown(exc)}", highlight=False, soft_wrap=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None

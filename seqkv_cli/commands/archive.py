@@ -18,11 +18,12 @@ from seqkv_cli.commands._common import (
     shown,
     visible,
 )
-from seqkv_cli.commands.capture import (
+from seqkv_cli.commands.options import (
     DeviceOption,
     ModelOption,
     ThreadsOption,
     restore_bar,
+    runs_model,
     token_progress,
 )
 
@@ -42,6 +43,7 @@ def _waiting() -> None:
 
 @archive_app.command("add")
 @handle_errors
+@runs_model
 def add_command(
     archive: ArchiveArg,
     captures: Annotated[list[Path], typer.Argument(help="Capture files to append.")],
@@ -50,7 +52,7 @@ def add_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Append sessions; only tokens no earlier session has at the same prefix are coded."""
-    from seqkv_cli.archive.append import add_captures
+    from seqkv_cli.archive import add_captures
 
     res = add_captures(archive, list(captures), model=model, on_wait=_waiting)
     console.print(
@@ -64,8 +66,7 @@ def add_command(
 def list_command(archive: ArchiveArg) -> None:
     """Sessions: id, tokens, bytes of their own, and how much prefix they share (a sharded
     archive: its directory or manifest.parquet, one row per session with its shard)."""
-    from seqkv_cli.archive.manifest import manifest_file
-    from seqkv_cli.archive.summary import session_rows
+    from seqkv_cli.archive import manifest_file, session_rows
 
     if manifest_file(archive) is not None:
         _list_manifest(archive)
@@ -93,7 +94,7 @@ RICH_TABLE_ROWS = 2000
 
 
 def _list_manifest(path: Path) -> None:
-    from seqkv_cli.archive.manifest import read_manifest
+    from seqkv_cli.archive import read_manifest
 
     man = read_manifest(path)  # every row checked against its shard's header
     rows = man.rows
@@ -120,6 +121,7 @@ def _list_manifest(path: Path) -> None:
 
 @archive_app.command("extract")
 @handle_errors
+@runs_model
 def extract_command(
     archive: ArchiveArg,
     session_id: Annotated[str, typer.Argument(help="The session id.")],
@@ -129,12 +131,12 @@ def extract_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Restore one session (only the nodes on its path are decoded) as a capture file."""
+    from seqkv_cli.archive import Archive
     from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from seqkv_cli.skv.restore import Archive
 
     check_output_file(out, create_parent=True)
-    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+    from seqkv_cli.archive import manifest_file, read_manifest
 
     if manifest_file(archive) is not None:  # a sharded archive: the shard that holds the id
         # only the one shard is opened; Archive(model=...) below checks its model
@@ -153,6 +155,7 @@ def extract_command(
 
 @archive_app.command("compact")
 @handle_errors
+@runs_model
 def compact_command(
     archive: ArchiveArg,
     model: ModelOption = None,
@@ -163,7 +166,7 @@ def compact_command(
     ] = False,
 ) -> None:
     """Rewrite the archive as one trie (folds appended segments; converts flat files)."""
-    from seqkv_cli.archive.compact import compact
+    from seqkv_cli.archive import compact
 
     before = archive.stat().st_size if archive.is_file() else 0
     res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup)
@@ -175,6 +178,7 @@ def compact_command(
 
 
 @handle_errors
+@runs_model
 def resume_command(
     archive: ArchiveArg,
     session_id: Annotated[str, typer.Argument(help="The session id.")],
@@ -185,9 +189,8 @@ def resume_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Restore a session into a transformers cache and continue it greedily."""
-    from seqkv_cli.archive.resume import continue_from
+    from seqkv_cli.archive import Archive, continue_from
     from seqkv_cli.runtime.loading import load_model
-    from seqkv_cli.skv.restore import Archive
 
     lm = load_model(model)
     with Archive(archive, model=lm) as arc:

@@ -6,90 +6,21 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
-from rich.text import Text
 
-from seqkv_cli.commands._common import (
-    console,
-    err_console,
-    handle_errors,
-    human_bytes,
-    say,
-    shown,
+from seqkv_cli.commands._common import console, handle_errors, human_bytes, say, shown
+from seqkv_cli.commands.options import (
+    DeviceOption,
+    ModelOption,
+    NumericsOption,
+    ThreadsOption,
+    runs_model,
+    token_progress,
 )
-
-ModelOption = Annotated[
-    str | None,
-    typer.Option("--model", "-m", help="Model folder, .gguf file or hub id (default: embedded)."),
-]
-ThreadsOption = Annotated[
-    int | None,
-    typer.Option(
-        "--threads",
-        metavar="N",
-        help="CPU threads for the model (default: one per core; idle threads yield to other "
-        "processes). The portable path gives the same bits with any N.",
-    ),
-]
-DeviceOption = Annotated[
-    str,
-    typer.Option(
-        "--device",
-        metavar="auto|cpu|cuda[:N]",
-        help="Where the model runs: auto (a CUDA GPU when there is one), cpu or cuda. The "
-        "portable path writes and reads the same bytes on either.",
-    ),
-]
-NumericsOption = Annotated[
-    str,
-    typer.Option(
-        help="Canonical numeric path: 'portable' (same bits on any machine, thread count or "
-        "device; the default, portable-fx53-v3), 'portable-v2' or 'portable-v1' (the versions "
-        "of seqkv 0.3-0.4 and 0.2) or 'legacy' (the earlier fp32 forward: same machine class "
-        "only).",
-    ),
-]
-
-
-class TokensPerSecond(ProgressColumn):
-    """The measured rate: a slow or busy machine shows itself while the job runs."""
-
-    def render(self, task) -> Text:
-        return Text(
-            f"{task.speed:,.1f} tokens/s" if task.speed else "", style="progress.data.speed"
-        )
-
-
-def token_progress() -> Progress:
-    """Tokens done, tokens/s (a slow or busy machine shows itself) and time left."""
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("tokens"),
-        TokensPerSecond(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=True,
-    )
-
-
-def restore_bar(bar: Progress, what: str = "restoring"):
-    """An `Archive.on_tokens` callback that moves a `token_progress` bar (its total is known
-    once the restore has planned which tokens it decodes)."""
-    task = bar.add_task(what, total=None)
-    return lambda done, total: bar.update(task, completed=done, total=total)
 
 
 @handle_errors
+@runs_model
 def capture_command(
     inputs: Annotated[
         list[str],

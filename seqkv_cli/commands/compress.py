@@ -9,17 +9,19 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, err_console, handle_errors, human_bytes, shown
-from seqkv_cli.commands.capture import (
+from seqkv_cli.commands.options import (
     DeviceOption,
     ModelOption,
     ThreadsOption,
     restore_bar,
+    runs_model,
     token_progress,
 )
 from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
+@runs_model
 def compress_command(
     captures: Annotated[
         list[Path],
@@ -143,36 +145,13 @@ def compress_command(
         return
     if ray is not None:
         raise SeqkvError("--ray runs session datasets (.jsonl/.parquet), not capture files")
+    from seqkv_cli.archive import codec_spec, compress_captures
     from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
-    from seqkv_cli.sequential.registry import (
-        codec_capabilities,
-        resolve_codec,
-        session_codec_classes,
+
+    spec = codec_spec(
+        codec, residual=residual, tolerance=tolerance, numerics=numerics, parallel=parallel
     )
-    from seqkv_cli.skv.compress import compress_captures
-
-    if tolerance is not None and tolerance <= 0:
-        raise SeqkvError(f"--tolerance must be > 0, got {tolerance}")
-    caps = codec_capabilities(codec)
-    if caps is not None and caps.takes_residual:
-        from seqkv_cli.runtime.numerics import resolve
-
-        spec = {"id": codec, "residual": residual}
-        if numerics is not None:  # else the captures' own portable path (compress_captures)
-            spec["numerics"] = resolve(numerics)
-        if tolerance is not None:
-            spec["tolerance"] = tolerance
-    elif tolerance is not None:
-        takers = [c.codec_id for c in session_codec_classes() if c.takes_residual]
-        raise SeqkvError(f"--tolerance applies to {', '.join(takers)}, not {codec}")
-    else:
-        spec = codec
-    if parallel != 1:
-        if codec != "seq":
-            raise SeqkvError(f"--parallel applies to seq, not {codec}")
-        spec["parallel"] = parallel
-    resolve_codec(spec)  # refuse an unknown id before reading any capture
     check_output_file(out)
     refuse_output_in_inputs(out, captures)
     total = sum(load_capture_meta(p)["positions"] for p in captures)
@@ -247,6 +226,7 @@ def _compress_datasets(paths, out, model, options, ray, workers, cpus, gpus) -> 
 
 
 @handle_errors
+@runs_model
 def decompress_command(
     archive: Annotated[Path, typer.Argument(help="The .skv file.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for capture files.")],
@@ -258,7 +238,7 @@ def decompress_command(
     ] = None,
 ) -> None:
     """Restore sessions of a container as capture files (safetensors)."""
-    from seqkv_cli.skv.decompress import decompress
+    from seqkv_cli.archive import decompress
 
     with token_progress() as bar:
         paths = decompress(

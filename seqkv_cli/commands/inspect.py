@@ -10,17 +10,19 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, human_seconds, shown
-from seqkv_cli.commands.capture import (
+from seqkv_cli.commands.options import (
     DeviceOption,
     ModelOption,
     ThreadsOption,
     restore_bar,
+    runs_model,
     token_progress,
 )
 from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
+@runs_model
 def info_command(
     archive: Annotated[Path, typer.Argument(help="The .skv file.")],
     restore_time: Annotated[
@@ -36,8 +38,7 @@ def info_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Header, sessions, sizes per part and bits per position of a container."""
-    from seqkv_cli.skv.accounting import account
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, account
 
     with Archive(archive, model=model) as arc:
         acc = account(arc)
@@ -108,7 +109,7 @@ def info_command(
 
 
 def _estimate(arc):
-    from seqkv_cli.skv.restore_time import estimate_restore
+    from seqkv_cli.archive import estimate_restore
 
     with console.status("estimating restore time"):
         return estimate_restore(arc)
@@ -119,6 +120,7 @@ def _bits(x: float) -> str:
 
 
 @handle_errors
+@runs_model
 def verify_command(
     archive: Annotated[Path, typer.Argument(help="The .skv file.")],
     against: Annotated[
@@ -131,9 +133,8 @@ def verify_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Check every checksum and decode every block; with --against, measure fidelity."""
+    from seqkv_cli.archive import Archive, check_sessions
     from seqkv_cli.kvcapture.capture_file import load_capture
-    from seqkv_cli.skv.restore import Archive
-    from seqkv_cli.skv.verify import check_sessions
 
     with Archive(archive, model=model) as arc:
         arc.reader.verify()

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, say, shown
-from seqkv_cli.commands.capture import DeviceOption, ModelOption, ThreadsOption
+from seqkv_cli.commands.options import DeviceOption, ModelOption, ThreadsOption, runs_model
 
 import_app = typer.Typer(
     help="Bring caches saved by other tools into an archive.", no_args_is_help=True
@@ -37,6 +37,7 @@ class CacheType(StrEnum):
 
 @import_app.command("llama-state")
 @handle_errors
+@runs_model
 def import_llama_state(
     files: Annotated[
         list[Path],
@@ -85,6 +86,7 @@ def import_llama_state(
 
 @export_app.command("llama-state")
 @handle_errors
+@runs_model
 def export_llama_state(
     archive: Annotated[Path, typer.Argument(help="The .skv archive.")],
     session: Annotated[str, typer.Argument(help="The session id.")],

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, say
-from seqkv_cli.commands.capture import ModelOption
+from seqkv_cli.commands.options import ModelOption
 
 model_app = typer.Typer(help="Inspect or pre-fetch models.", no_args_is_help=True)
 

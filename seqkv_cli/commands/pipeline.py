@@ -9,11 +9,18 @@ import typer
 from rich.table import Table
 
 from seqkv_cli.commands._common import console, handle_errors, human_bytes, say, shown
-from seqkv_cli.commands.capture import DeviceOption, ModelOption, ThreadsOption, token_progress
+from seqkv_cli.commands.options import (
+    DeviceOption,
+    ModelOption,
+    ThreadsOption,
+    runs_model,
+    token_progress,
+)
 from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
+@runs_model
 def pipeline_command(
     inputs: Annotated[list[str], typer.Argument(help="Inputs, as for `seqkv capture`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = Path("runs/latest"),
@@ -33,11 +40,10 @@ def pipeline_command(
     ] = "sample",
 ) -> None:
     """Capture inputs, compress them with seq and a per-vector baseline, verify, summarise."""
+    from seqkv_cli.archive import capture_and_code, check_verify_mode, compress_captures
     from seqkv_cli.fsutil import refuse_output_in_inputs
     from seqkv_cli.kvcapture.api import input_files, prepare_capture
-    from seqkv_cli.skv.capture_code import capture_and_code
-    from seqkv_cli.skv.compress import compress_captures, resolve_codec
-    from seqkv_cli.skv.verify import check_verify_mode
+    from seqkv_cli.sequential.registry import resolve_codec
 
     check_verify_mode(verify)
     resolve_codec(baseline)
@@ -48,7 +54,8 @@ def pipeline_command(
         inputs, model=model, out=out / "captures", dtype=dtype, progress=say
     )
     with token_progress() as bar:
-        # One walk of the model captures and codes: a shared prefix is run once (skv/capture_code)
+        # One walk of the model captures and codes: a shared prefix is run once
+        # (archive.capture_and_code)
         task = bar.add_task("capturing + coding (seq)", total=plan.total_tokens)
         seq, captures = capture_and_code(
             lm,
@@ -72,8 +79,7 @@ def pipeline_command(
 
 def _verify(path: Path, lm, captures, mode: str) -> dict[str, bool]:
     """Decode the chosen sessions of the seq container and compare them with the captures."""
-    from seqkv_cli.skv.restore import Archive
-    from seqkv_cli.skv.verify import check_sessions, sessions_to_decode
+    from seqkv_cli.archive import Archive, check_sessions, sessions_to_decode
 
     if mode == "none":
         return {}

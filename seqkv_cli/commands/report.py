@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 
 from seqkv_cli.commands._common import console, handle_errors, say
-from seqkv_cli.commands.capture import DeviceOption, ThreadsOption
+from seqkv_cli.commands.options import DeviceOption, ThreadsOption, runs_model
 from seqkv_cli.errors import SeqkvError
 
 
 @handle_errors
+@runs_model
 def report_command(
     inputs: Annotated[
         list[Path],
@@ -26,12 +27,13 @@ def report_command(
         ),
     ] = None,
     model: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--model",
             "-m",
-            help="Model for seq rows, decoding and continuation (default: the model each "
-            "capture names).",
+            help="Model for seq rows, decoding and continuation; repeat it for captures of "
+            "several models (default: the model each capture names, where it names one: the "
+            "embedded model or a hub id).",
         ),
     ] = None,
     threads: ThreadsOption = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from seqkv_cli.container.compact import is_compact
@@ -83,7 +83,9 @@ class Appender:
         """
         return write_container(self.current.path, header, sections).file_bytes
 
-    def commit(self, sessions: list[dict[str, Any]], sections) -> WriteResult:
+    def commit(
+        self, sessions: list[dict[str, Any]], sections: Iterable[tuple[str, bytes]]
+    ) -> WriteResult:
         if self.compact:
             raise InvalidContainerInputError(
                 self.current.path, "a compact single-session file takes no appends; rewrite it"
@@ -101,7 +103,9 @@ class Appender:
 
 
 @contextlib.contextmanager
-def locked_for_append(path: str | os.PathLike[str], on_wait=None) -> Iterator[Appender]:
+def locked_for_append(
+    path: str | os.PathLike[str], on_wait: Callable[[], None] | None = None
+) -> Iterator[Appender]:
     """Hold the file's append lock while the caller reads, encodes and commits.
 
     A second appender waits (after `on_wait()` tells the user why) rather than failing, so

@@ -68,7 +68,7 @@ MAX_ID_BYTES = 1024
 MAX_HEADER_BYTES = FIXED_HEADER.size + 6 * 10 + 4 + MAX_ID_BYTES + 4  # varints of at most 10 bytes
 # Bounds on the shape fields: far past any model in use, small enough that nothing built
 # from them can be large before the model itself is checked against them.
-MAX_SHAPE = 0xFFFF  # as the full layout's session entries (skv/session_entries.py)
+MAX_SHAPE = 0xFFFF  # as the full layout's session entries (archive/entries.py)
 MAX_POSITIONS = 1 << 31
 
 

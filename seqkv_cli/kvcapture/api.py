@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import ensure_writable_dir, refuse_output_in_inputs
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture, save_capture
 from seqkv_cli.kvcapture.engine import run_capture, tokenize
 from seqkv_cli.kvcapture.inputs import Document, read_inputs, unique_stems
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.loading import LoadedModel
 
 
 @dataclass
@@ -34,7 +38,11 @@ class Plan:
 
 
 def plan_capture(
-    lm, documents: list[Document], *, max_tokens: int | None = None, truncate: bool = False
+    lm: LoadedModel,
+    documents: list[Document],
+    *,
+    max_tokens: int | None = None,
+    truncate: bool = False,
 ) -> Plan:
     if max_tokens is not None and max_tokens < 1:
         raise SeqkvError(f"--max-tokens must be at least 1, got {max_tokens}")
@@ -89,12 +97,12 @@ def input_files(inputs: list[str]) -> list[Path]:
 def prepare_capture(
     inputs: Sequence[str] | str,
     *,
-    model=None,
+    model: str | LoadedModel | None = None,
     out: Path | str | None = None,
     dtype: str = "bf16",
     max_tokens: int | None = None,
     truncate: bool = False,
-    progress=None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[object, Plan, list[Path | None]]:
     """Validate everything (inputs, output, model, lengths) before any forward pass runs."""
     from seqkv_cli.runtime.loading import LoadedModel, load_model
@@ -113,14 +121,14 @@ def prepare_capture(
 
 
 def capture_one(
-    lm,
+    lm: LoadedModel,
     doc: Document,
     ids: list[int],
     target: Path | None,
     *,
     dtype: str,
     canonical: bool,
-    on_progress=None,
+    on_progress: Callable[[int], None] | None = None,
     numerics: str | None = None,
 ) -> CaptureResult:
     cap = run_capture(
@@ -132,7 +140,7 @@ def capture_one(
 
 
 def capture_planned(
-    lm,
+    lm: LoadedModel,
     plan: Plan,
     targets: list[Path | None],
     *,
@@ -162,7 +170,7 @@ def capture_planned(
 def capture(
     inputs: Sequence[str] | str,
     *,
-    model=None,
+    model: str | LoadedModel | None = None,
     out: Path | str | None = None,
     dtype: str = "bf16",
     canonical: bool = True,

@@ -35,7 +35,8 @@ class Capture:
     surprisal: torch.Tensor
     meta: dict = field(default_factory=dict)
     # Residual parts still to apply on another session's K/V ((kind, layer) -> (base local
-    # index, positions, stream)): set between a trie path's decode and skv.restore_trie's finish.
+    # index, positions, stream)): set between a trie path's decode and the finish in
+    # archive.restore_trie.
     deferred: dict = field(default_factory=dict, repr=False)
     # Set on restore by codecs that add a stored residual to K/V they predict or recompute:
     # {"key": [per layer], "value": [per layer]}, the 95th percentile of |residual| over a
@@ -253,17 +254,3 @@ def _check_shape_meta(path: Path, meta: dict, n_layers: int, first) -> None:
                 f"{path}: metadata says {key}={meta[key]}, the tensors have {value}; "
                 "not a consistent capture"
             )
-
-
-def to_dynamic_cache(
-    capture: Capture, dtype: torch.dtype = torch.float32, device=None, upto: int | None = None
-):
-    """The capture (its first `upto` positions, default all) as a `transformers` DynamicCache
-    (batch 1) on `device` (default the CPU), ready to continue generation."""
-    from transformers import DynamicCache
-
-    on = device or "cpu"
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(zip(capture.keys, capture.values, strict=True)):
-        cache.update(k[None, :, :upto].to(on, dtype), v[None, :, :upto].to(on, dtype), i)
-    return cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,10 @@ from seqkv_cli.clock import created_utc
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES, Capture
 from seqkv_cli.runtime.surprisal import surprisal_bits
+
+if TYPE_CHECKING:
+    from seqkv_cli.kvcapture.inputs import Document
+    from seqkv_cli.runtime.loading import LoadedModel
 
 CHUNK = 256  # positions per forward call: bounds memory (logits are n x vocab)
 HF_NUMERIC_PATH = f"transformers-fp32-chunk{CHUNK}"
@@ -32,7 +37,7 @@ class SessionTooLong(SeqkvError):
 _TOKEN_CHARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def max_token_chars(tok) -> int:
+def max_token_chars(tok: object) -> int:
     """The most characters of text any one token of `tok` can cover (computed once)."""
     try:
         return _TOKEN_CHARS[tok]
@@ -45,7 +50,7 @@ def max_token_chars(tok) -> int:
     return longest
 
 
-def check_text_length(lm, text: str, source: str) -> None:
+def check_text_length(lm: LoadedModel, text: str, source: str) -> None:
     """Refuse, before the tokenizer allocates anything, a text that must hold more tokens
     than the model's context."""
     per_token = 2 * max_token_chars(lm.tokenizer)
@@ -58,7 +63,7 @@ def check_text_length(lm, text: str, source: str) -> None:
         )
 
 
-def tokenize(lm, doc) -> list[int]:
+def tokenize(lm: LoadedModel, doc: Document) -> list[int]:
     """Token ids of a document: plain text as is, chat sessions through the chat template
     (a text too long for the context is refused before tokenizing: `SessionTooLong`)."""
     tok = lm.tokenizer
@@ -81,7 +86,7 @@ def tokenize(lm, doc) -> list[int]:
 
 
 def run_capture(
-    lm,
+    lm: LoadedModel,
     token_ids: list[int],
     *,
     dtype: str = "bf16",
@@ -125,7 +130,7 @@ def _canonical(lm, ids, on_progress, numerics):
     return keys, values, torch.cat(parts), canon.numeric_path
 
 
-def canonical_model(lm, numerics: str | None = None):
+def canonical_model(lm: LoadedModel, numerics: str | None = None):
     """The canonical forward of a loaded model on `numerics`, built once per LoadedModel."""
     from seqkv_cli.runtime.numerics import DEFAULT, PORTABLE_PATHS, build_canonical
 
@@ -163,14 +168,18 @@ def _transformers(lm, ids, on_progress):
     return keys, values, torch.cat(parts), HF_NUMERIC_PATH
 
 
-def provenance(lm, *, dtype: str, numeric_path: str, positions: int) -> dict:
+def provenance(lm: LoadedModel, *, dtype: str, numeric_path: str, positions: int) -> dict:
     import transformers
 
     from seqkv_cli.version import __version__
 
     return {
         "model_name": lm.name,
-        "model_source": lm.source,
+        # where to load the model again, only where that names no folder of this machine:
+        # a folder's or a .gguf file's path would put the user's directory layout into every
+        # archive they share (the name and fingerprint identify the model; older captures
+        # that hold a path still load)
+        **({"model_source": lm.source} if lm.kind in ("embedded", "hub") else {}),
         "model_fingerprint": lm.fingerprint,
         "tokenizer_fingerprint": lm.tokenizer_fingerprint,
         "dtype": dtype,

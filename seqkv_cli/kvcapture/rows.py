@@ -77,7 +77,7 @@ def check_ids(paths: list[Path]) -> int:
     return count
 
 
-def row_from_mapping(obj, where: str, default_id: str | None = None) -> Row:
+def row_from_mapping(obj: object, where: str, default_id: str | None = None) -> Row:
     """Check one row (a JSON object or a Parquet record) and return it as a Row."""
     if not isinstance(obj, dict):
         raise SeqkvError(f'{where}: expected an object like {{"id": ..., "text": ...}}')

@@ -134,7 +134,7 @@ def import_states(
     ids: list[str] | None = None,
 ) -> ImportReport:
     """Archive llama.cpp state files in `archive` (created, or appended to)."""
-    from seqkv_cli.api.memory import open_archive
+    from seqkv_cli.api import open_archive
     from seqkv_cli.fsutil import check_output_file, refuse_output_in_inputs
 
     paths = [Path(p) for p in paths]
@@ -202,7 +202,7 @@ def export_state(
     cache_type: str | None = None,
 ) -> ExportReport:
     """Write session `session_id` of `archive` as a llama.cpp state file `out`."""
-    from seqkv_cli.api.memory import open_archive
+    from seqkv_cli.api import open_archive
     from seqkv_cli.fsutil import atomic_path, check_output_file, refuse_output_in_inputs
 
     out, archive = Path(out), Path(archive)

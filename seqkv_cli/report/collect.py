@@ -30,7 +30,9 @@ DEFAULT_CODECS = ("seq", "seq-fast", "int8", "turbo3", "hf-quanto4")
 @dataclass
 class ReportOptions:
     codecs: list[str] | None = None  # None: DEFAULT_CODECS, shown as baselines
-    model: str | None = None
+    # the models to try, each for the groups whose fingerprint it has (None: the one each
+    # capture names)
+    model: str | list[str] | None = None
     verify: bool = True  # decode and compare with the captures
     continuation: int = 0  # greedy tokens for ppl change / agreement; 0 = off
     window: int = 64  # positions per marginal-cost window
@@ -72,7 +74,7 @@ def report(
     inputs,
     *,
     codecs: list[str] | None = None,
-    model: str | None = None,
+    model: str | list[str] | None = None,
     verify: bool = True,
     continuation: int = 0,
     window: int = 64,
@@ -132,8 +134,8 @@ class _Collector:
         return rows
 
     def computed_rows(self, group, codec, role, caps, tmp: Path, explicit: bool) -> list[Row]:
+        from seqkv_cli.archive import compress_captures
         from seqkv_cli.sequential.registry import session_codec_class
-        from seqkv_cli.skv.compress import compress_captures
 
         lm = None
         if session_codec_class(codec) is not None:
@@ -147,8 +149,7 @@ class _Collector:
         return self.archive_rows(out, group, role, "computed", lm)
 
     def archive_rows(self, path: Path, group, role: str, source: str, lm=None) -> list[Row]:
-        from seqkv_cli.skv.accounting import account
-        from seqkv_cli.skv.restore import Archive
+        from seqkv_cli.archive import Archive, account
 
         with Archive(path) as arc:
             needs_model, sessions = arc.needs_model, [e["id"] for e in arc.sessions]
@@ -189,8 +190,8 @@ class _Collector:
         return rows
 
     def _trie(self, arc, path: Path, source: str) -> None:
-        """The trie's shape and what sharing saved (DESIGN.md §2: coverage, PLT bits)."""
-        from seqkv_cli.trie.costs import trie_shape
+        """The trie's shape and what sharing saved (coverage, PLT bits: `trie.trie_shape`)."""
+        from seqkv_cli.trie import trie_shape
 
         shape = trie_shape(arc)
         positions = max(sum(e["positions"] for e in arc.sessions), 1)

@@ -85,7 +85,7 @@ class Continuation:
 def _cache(cap, upto: int, model):
     """A DynamicCache of the first `upto` positions of a capture (fp32, batch 1), on the
     model's device."""
-    from seqkv_cli.kvcapture.capture_file import to_dynamic_cache
+    from seqkv_cli.kvcapture.caches import to_dynamic_cache
     from seqkv_cli.runtime.devices import model_device
 
     return to_dynamic_cache(cap, torch.float32, model_device(model), upto)

@@ -41,7 +41,7 @@ def expand(inputs: list[Path]) -> list[Path]:
     """Files as given; directories become their .safetensors and .skv files, sorted; a shard
     manifest (or a directory holding one) becomes the shards it lists."""
     files: list[Path] = []
-    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+    from seqkv_cli.archive import manifest_file, read_manifest
 
     for path in map(Path, inputs):
         if manifest_file(path) is not None:  # a sharded archive: every shard it lists
@@ -66,8 +66,8 @@ def expand(inputs: list[Path]) -> list[Path]:
 
 def group_inputs(inputs: list[Path]) -> list[ModelGroup]:
     """Read every input's metadata (failing early on a bad file) and group by model."""
+    from seqkv_cli.archive import Archive
     from seqkv_cli.kvcapture.capture_file import load_capture_meta
-    from seqkv_cli.skv.restore import Archive
 
     groups: dict[str, ModelGroup] = {}
 
@@ -96,7 +96,7 @@ def group_inputs(inputs: list[Path]) -> list[ModelGroup]:
 def _join_compact(groups: dict[str, ModelGroup]) -> list[ModelGroup]:
     """A compact file names its model by a fingerprint prefix: it joins the group of the
     full fingerprint that prefix names (where another input gives it)."""
-    from seqkv_cli.skv.identity import fingerprint_matches
+    from seqkv_cli.archive import fingerprint_matches
 
     for fingerprint, g in list(groups.items()):
         whole = [

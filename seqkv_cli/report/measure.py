@@ -13,8 +13,7 @@ from seqkv_cli.report.windows import cost_curve, windows
 
 def measure_fidelity(row: Row, original, restored, where: str) -> None:
     """Exactness, max-abs error, worst per-tensor relative L2 error, attention-output error."""
-    from seqkv_cli.skv.fidelity import attention_error
-    from seqkv_cli.skv.verify import bit_equal, kv_structure_problems
+    from seqkv_cli.archive import attention_error, bit_equal, kv_structure_problems
 
     if original.positions != restored.positions or not torch.equal(
         original.tokens.to(torch.long), restored.tokens.to(torch.long)

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.report.inputs import ModelGroup
 
 
 class ModelResolver:
-    """`--model` first, then where the group's captures say their model came from.
+    """Each `--model` first, then where the group's captures say their model came from (the
+    embedded model or a hub id; a capture names no folder of the machine it was made on).
 
     A model is loaded once per spec and used only for groups whose fingerprint it has: a
-    report may mix models, so `--model` can serve one group while the others load their own.
+    report may mix models, so each `--model` serves the groups of its own model, and groups
+    of the embedded model or a hub model load their own.
     """
 
-    def __init__(self, spec: str | None, notes: list[str], progress=None) -> None:
-        self.spec, self.notes, self.progress = spec, notes, progress
+    def __init__(self, specs: str | Sequence[str] | None, notes: list[str], progress=None) -> None:
+        self.specs = [specs] if isinstance(specs, str) else list(specs or [])
+        self.notes, self.progress = notes, progress
         self._loaded: dict[str | None, object] = {}
         self._said: set[str] = set()
 
@@ -45,7 +50,7 @@ class ModelResolver:
     def _candidates(self, group: ModelGroup) -> list[tuple[str | None, bool]]:
         from seqkv_cli.runtime.embedded import EMBEDDED_NAME
 
-        out: list[tuple[str | None, bool]] = [(self.spec, True)] if self.spec else []
+        out: list[tuple[str | None, bool]] = [(spec, True) for spec in self.specs]
         if group.source == "embedded" or (group.source is None and group.name == EMBEDDED_NAME):
             out.append((None, False))
         elif group.source:

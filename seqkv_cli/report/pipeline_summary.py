@@ -66,7 +66,7 @@ def summarise(
 
     ``captures``: the captured sessions, in the container's order; ``entries`` and
     ``accounts``: the seq container's session entries and their accounting
-    (`skv.accounting.account(...).sessions`); ``seq``, ``base``: the `CompressResult` of the
+    (`archive.listing.account(...).sessions`); ``seq``, ``base``: the `CompressResult` of the
     seq and the baseline containers; ``exact``: session id -> restored bit-exactly, for the
     sessions that were decoded.
     """
@@ -102,8 +102,7 @@ def summarise(
 
 def pipeline_summary(lm, captures: Sequence, seq, base, exact: Mapping[str, bool]):
     """`summarise` for a pipeline run: reads the seq container at ``seq.path`` (model `lm`)."""
-    from seqkv_cli.skv.accounting import account
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive, account
 
     with Archive(seq.path, model=lm) as arc:
         entries, accounts = arc.sessions, account(arc).sessions

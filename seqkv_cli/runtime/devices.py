@@ -4,7 +4,7 @@ The portable path gives the same bits on a GPU as on a CPU by construction (fixe
 products exact in fp64, transcendentals from separate mul/add kernels, docs/NUMERICS.md), and
 its canary runs on the device before first use, so a device that does not reproduce the
 definition is refused rather than trusted. What stays on the CPU: the frequency tables and the
-entropy coder (numpy; the same bytes the GPU kernels in seqkv_codecs give, bench/gpu_check.sh)
+entropy coder (numpy; the same bytes the GPU kernels in seqkv_codecs give, bench/gpu/check.sh)
 and every tensor that leaves the runtime — logits and K/V come back to the CPU, so callers
 never see a device tensor.
 

@@ -130,9 +130,8 @@ class ContextFilter:
 def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> list[Path]:
     """`root` is created, or is a directory this pipeline wrote for the same model: the
     directories this call created (a run that fails removes them if they stayed empty)."""
-    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+    from seqkv_cli.archive import fingerprint_matches, manifest_file, read_manifest
     from seqkv_cli.fsutil import make_output_dir
-    from seqkv_cli.skv.identity import fingerprint_matches
 
     root = Path(root)
     if root.exists() and not root.is_dir():
@@ -156,9 +155,8 @@ def prepare_output(root: Path, inputs: list[Path], fingerprint: str) -> list[Pat
 
 def finish(root: Path, rows: list[dict], lm, plan_names: set[str], meta: dict):
     """Write the manifest and remove shard files of earlier plans; the result."""
-    from seqkv_cli.archive.manifest import write_manifest
+    from seqkv_cli.archive import write_manifest, writer_version
     from seqkv_cli.fsutil import discard_quietly
-    from seqkv_cli.skv.identity import writer_version
 
     model = {"name": lm.name, "fingerprint": lm.fingerprint}
     manifest = write_manifest(root, rows, model, {"writer": writer_version(), **meta})

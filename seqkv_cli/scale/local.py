@@ -185,7 +185,7 @@ class SerialShards:
 def compress_dataset_to_file(inputs, out, model=None, options: DatasetOptions | None = None):
     """All sessions of the datasets in one archive at `out` (no sharding): a CompressResult.
     Sessions longer than the model context are skipped (refused with `strict`)."""
-    from seqkv_cli.api.sessions import compress_sessions
+    from seqkv_cli.api import compress_sessions
     from seqkv_cli.kvcapture.rows import check_ids, iter_dataset
     from seqkv_cli.runtime.loading import resolve_model
 

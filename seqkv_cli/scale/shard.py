@@ -6,7 +6,7 @@ skips the work that was finished. Provably: every shard records in its header's 
 (`content`) a digest of each session's token ids and the settings that decide its bytes
 (model fingerprint, codec config, layout), written in the same atomic publish as the shard;
 a rerun compares them with its own. Ids and lengths alone are not enough: a session whose
-text was corrected to another of the same token count would be kept stale (issue 37). A
+text was corrected to another of the same token count would be kept stale. A
 shard without the record (written by seqkv 0.5 or earlier) is not provably complete: rebuilt.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqkv_cli.archive.manifest import CONTENT_KEY, token_digest
+from seqkv_cli.archive import CONTENT_KEY, token_digest
 from seqkv_cli.errors import SeqkvError
 
 CONTENT_VERSION = 1
@@ -35,7 +35,7 @@ class ShardSession:
 def shard_settings(lm, options: dict) -> dict:
     """What besides the tokens decides a shard's bytes: the model, the codec's config (its
     numeric path included) and the layout. `options`: codec, numerics (verify does not)."""
-    from seqkv_cli.api.sessions import session_codec
+    from seqkv_cli.api import session_codec
 
     coder = session_codec(options.get("codec", "seq"), options.get("numerics"))
     config = json.loads(json.dumps(coder.get_config()))  # as the header will hold it
@@ -54,7 +54,7 @@ def content_record(sessions: list[ShardSession], settings: dict) -> dict:
 def recorded_content(path: Path) -> tuple[dict, dict] | None:
     """(session id -> positions, the `content` record) of the shard at `path`; None when
     there is no readable shard there."""
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     if not path.is_file():
         return None
@@ -83,7 +83,7 @@ def provably_complete(path: Path, sessions: list[ShardSession], settings: dict) 
 def manifest_rows(path: Path, name: str, keys: dict[str, str]) -> list[dict]:
     """The manifest rows of a written shard (read from its index and its content record:
     nothing is decoded)."""
-    from seqkv_cli.archive.summary import session_rows
+    from seqkv_cli.archive import session_rows
 
     rows, _ = session_rows(path)
     found = recorded_content(path)
@@ -108,7 +108,7 @@ def build_shard(
 ) -> tuple[list[dict], bool]:
     """Write the shard to `target` (atomically) unless it is provably there already: its
     manifest rows and whether it was skipped. `options`: codec, numerics, verify."""
-    from seqkv_cli.api.sessions import compress_sessions
+    from seqkv_cli.api import compress_sessions
 
     keys = {s.id: s.prefix_key for s in sessions}
     settings = shard_settings(lm, options)

@@ -2,9 +2,9 @@
 
 A compact file is exactly a one-node, one-session trie archive without its JSON: the same
 token payload (`t1/tokens`), with the node and session tables held in the container's binary
-header. Reading turns that header into the tables `store.load` would have built (`tables_of`);
+header. Reading turns that header into the tables `store.load_trie` would have built (`tables_of`);
 `archive add` expands a compact file into the full layout with the same tables and payload
-bytes before it appends (archive/append.py). Which sessions qualify: `compact_form`.
+bytes before it appends (`archive add`). Which sessions qualify: `compact_form`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from seqkv_cli.trie.store import TrieContents, chain
 
 
 class StoredTrie(Protocol):
-    """What cost accounting reads of an open trie archive (skv/restore.py's `Archive`)."""
+    """What cost accounting reads of an open trie archive (archive/restore.py's `Archive`)."""
 
     trie: TrieContents
     sessions: list[dict]  # header entries, archive order
@@ -97,7 +97,7 @@ def session_costs(arc: StoredTrie) -> list[dict]:
 
 
 def trie_shape(arc: StoredTrie) -> dict:
-    """Nodes, roots, depth, cluster coverage, and the bytes dedup saves (PLT metric, §2)."""
+    """Nodes, roots, depth, cluster coverage, and the bytes prefix sharing saves (PLT bits)."""
     contents = arc.trie
     node_bytes, paths = _node_bytes(arc), _paths(contents)
     costs = session_costs(arc)

@@ -5,25 +5,32 @@ point. `seq` nodes step the model once per token, several nodes in lockstep as r
 pass, in the order trie/schedule.py decides; `seq-fast` nodes are one prefill each. A node is
 released once its children have started and its sessions are out, so memory holds the
 current frontier, not the archive. Reading nodes: node_source.py; one node's token-by-token
-decoding and its guesses: node_stepper.py; a session's capture: assemble.py.
+decoding and its guesses: node_stepper.py; a finished node's run becomes a session's capture
+here (`session_capture`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled
+from seqkv_cli.kvcapture.capture_file import DTYPES
+from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled, unrounded_kv
 from seqkv_cli.sequential.registry import capabilities
-from seqkv_cli.trie.assemble import session_capture
+from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.node_source import NodeSource
 from seqkv_cli.trie.node_stepper import NodeStepper
-from seqkv_cli.trie.runs import Run, prefill, start_run
-from seqkv_cli.trie.schedule import Schedule, needed_nodes
+from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
+from seqkv_cli.trie.schedule import NeededNodes, Schedule, needed_nodes
 from seqkv_cli.trie.store import TrieContents
+from seqkv_cli.trie.tables import Node
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.session_codec import SessionCodec
 
 
 @dataclass
@@ -49,14 +56,14 @@ class DecodeStats:
         return self.tokens / self.node_steps if self.node_steps else 0.0
 
 
-def restore(
+def decode_sessions(
     contents: TrieContents,
     wanted: list[int],
     source: NodeSource,
-    codec,
+    codec: SessionCodec,
     canon,
-    entries,
-    reads,
+    entries: dict[int, dict],
+    reads: dict[int, Callable[[str], bytes | None]],
     stats: DecodeStats | None = None,
 ) -> Iterator[tuple[int, object]]:
     """Yield (session index, Capture or the SeqkvError that stopped it) as sessions finish;
@@ -71,6 +78,32 @@ def restore(
             yield s, session_capture(done, contents, s, entries[s], reads[s], canon)
 
 
+def session_capture(
+    run: Run | Exception,
+    contents: TrieContents,
+    s: int,
+    entry: dict,
+    read: Callable[[str], bytes | None],
+    canon,
+):
+    """Session `s` (its entry, its parts' reader) as a Capture from `run` (its end node's
+    run, or the error that stopped it), or the SeqkvError that stops the session."""
+    if isinstance(run, Exception):
+        return SeqkvError(f"session {entry['id']}: {run}")
+    rec = contents.sessions[s]
+    try:
+        keys, values, surprisal = session_kv(run, rec.end, DTYPES[entry["dtype"]], canon.num_layers)
+        tokens = run.all_tokens(rec.end)
+        # residuals resting on another session are applied once it is restored
+        # (archive/restore_trie.py)
+        unrounded = unrounded_kv(run.track.state, run.start + rec.end)
+        return finish_capture(
+            entry, read, tokens, keys, values, surprisal, deferred={}, unrounded=unrounded
+        )
+    except SeqkvError as exc:
+        return exc
+
+
 class _Decoding:
     """The model passes of one restore, and when their results are final.
 
@@ -79,7 +112,14 @@ class _Decoding:
     ancestor fails fails with it (its prefix was decoded from a damaged stream).
     """
 
-    def __init__(self, adapter, nodes, need, source: NodeSource, stats: DecodeStats) -> None:
+    def __init__(
+        self,
+        adapter: CanonicalLogits,
+        nodes: list[Node],
+        need: NeededNodes,
+        source: NodeSource,
+        stats: DecodeStats,
+    ) -> None:
         self.adapter, self.nodes, self.kids, self.limit = adapter, nodes, need.kids, need.limit
         self.source, self.stats = source, stats
         self.schedule = Schedule(nodes, need.kids)

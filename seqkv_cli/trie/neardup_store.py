@@ -2,31 +2,35 @@
 
 A member whose prefix differs from its cluster's centroid by a small edit would branch off
 the trie at the edit and pay for the whole rest of the shared prompt again. Instead its
-tokens are an edit stream against the centroid (neardup_edits.py, docs/NEARDUP.md; inserted
+tokens are an edit stream against the centroid (trie/neardup, docs/format/NEARDUP.md; inserted
 tokens range-coded under the model for `seq`), stored as the session's ``edits`` part; its
 path in the trie covers only the prefix it shares exactly. Restore decodes the centroid,
 applies the edits, and recomputes the member's K/V with one canonical prefill (then its
 residual, if any).
-Measured gain: docs/BENCHMARKS.md, "Near-duplicate prefixes".
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.neardup_align import align, common_prefix_len
-from seqkv_cli.trie.neardup_cluster import cluster
-from seqkv_cli.trie.neardup_edits import decode_edits, encode_edits
+from seqkv_cli.trie.neardup import align, cluster, common_prefix_len, decode_edits, encode_edits
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
+
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.adapter import CanonicalLogits
+    from seqkv_cli.trie.sources import Source
 
 MIN_GAIN = 64  # aligned tokens beyond the exact prefix before a delta beats a trie branch
 HEADER_VARINT_BYTES = 6  # the part header's two varints: at most 6 bytes (42 bits) each
 
 
-def choose_members(sources) -> dict[int, int]:
+def choose_members(sources: list[Source]) -> dict[int, int]:
     """{member index: centroid index} for sessions a delta stores better than a branch."""
     index = {s.session_id: i for i, s in enumerate(sources)}
     chosen: dict[int, int] = {}
@@ -47,7 +51,13 @@ def choose_members(sources) -> dict[int, int]:
     return chosen
 
 
-def encode_member(centroid_index: int, centroid, member, adapter, precision: int) -> bytes:
+def encode_member(
+    centroid_index: int,
+    centroid: np.ndarray,
+    member: np.ndarray,
+    adapter: CanonicalLogits,
+    precision: int,
+) -> bytes:
     """The ``edits`` part: varint centroid session index, varint member length, edit stream."""
     edits = align(centroid, member)
     stream = encode_edits(edits, centroid=centroid, model=adapter, precision_bits=precision)
@@ -64,7 +74,13 @@ def read_header(data: bytes) -> tuple[int, int, bytes]:
     return centroid, length, data[pos:]
 
 
-def restore_member(entry: dict, read, centroid_tokens: np.ndarray, canon, finish):
+def restore_member(
+    entry: dict,
+    read: Callable[[str], bytes | None],
+    centroid_tokens: np.ndarray,
+    canon,
+    finish: Callable,
+):
     """The member's Capture: edits applied to the centroid, K/V by one canonical prefill."""
     from seqkv_cli.kvcapture.capture_file import DTYPES
     from seqkv_cli.sequential.adapter import CanonicalLogits

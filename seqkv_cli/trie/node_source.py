@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
@@ -12,7 +14,13 @@ from seqkv_cli.trie.store import TrieContents
 class NodeSource:
     """Payload bytes (seq) or token ids (seq-fast, per-vector) of nodes, read on demand."""
 
-    def __init__(self, contents: TrieContents, read_part, vocab_size: int, precision: int) -> None:
+    def __init__(
+        self,
+        contents: TrieContents,
+        read_part: Callable[[int, str], bytes],
+        vocab_size: int,
+        precision: int,
+    ) -> None:
         check_precision(precision)
         self.contents, self.read_part, self.vocab = contents, read_part, vocab_size
         self.precision = precision
@@ -30,7 +38,7 @@ class NodeSource:
 
         node = self.contents.nodes[n]
         if node.segment not in self._tokens:
-            # The total is the nodes' own claim, bounded by store.load (each node by the
+            # The total is the nodes' own claim, bounded by store.load_trie (each node by the
             # context, the segment by MAX_SEGMENT_TOKENS): the stream may not hold more.
             total = sum(x.n_tokens for x in self.contents.nodes if x.segment == node.segment)
             try:
@@ -47,7 +55,7 @@ class NodeSource:
         return ids
 
 
-def check_precision(precision) -> None:
+def check_precision(precision: object) -> None:
     """A codec config read from the file: a non-integer precision would fail deep inside."""
     if isinstance(precision, bool) or not isinstance(precision, int) or not 1 <= precision <= 31:
         raise SeqkvError(

@@ -7,6 +7,8 @@ decoder decodes under them. A guess is kept while the decoded token equals it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -14,11 +16,18 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.node_source import NodeSource
 from seqkv_cli.trie.runs import Run
 
+if TYPE_CHECKING:
+    from seqkv_cli.sequential.adapter import CanonicalLogits
+    from seqkv_codecs.sequential.drafts import DraftIndex
+    from seqkv_codecs.sequential.node_stream import NodeDecoder
+
 
 class NodeStepper:
     """One `seq` node being decoded a token per model pass."""
 
-    def __init__(self, run: Run, decoder, row, drafter=None) -> None:
+    def __init__(
+        self, run: Run, decoder: NodeDecoder, row: np.ndarray, drafter: DraftIndex | None = None
+    ) -> None:
         from seqkv_codecs.sequential.drafts import Stream
 
         self.run, self.decoder, self.row = run, decoder, row
@@ -29,7 +38,11 @@ class NodeStepper:
 
     @classmethod
     def open_or_error(
-        cls, run: Run | Exception, adapter, source: NodeSource, drafter=None
+        cls,
+        run: Run | Exception,
+        adapter: CanonicalLogits,
+        source: NodeSource,
+        drafter: DraftIndex | None = None,
     ) -> NodeStepper | Exception:
         """A stepper for the node's run, or the error that prevents it (the run's own, or
         its stream's header)."""
@@ -80,7 +93,9 @@ class NodeStepper:
         left = min(limit, self.run.n_tokens - self.decoder.pos)
         return self.drafter.draft(self.stream, left)
 
-    def verify(self, logits, drafts: list[int], reached) -> tuple[int, Run | Exception | None]:
+    def verify(
+        self, logits: torch.Tensor, drafts: list[int], reached: int
+    ) -> tuple[int, Run | Exception | None]:
         """Rows of a pass that fed the last token, then `drafts`: decode under each row while
         the decoded token is the guess fed after it. Returns the rows kept (right guesses + 1)
         and the node's result, if it finished; `reached(pos)` is told every offset reached."""

@@ -9,6 +9,8 @@ The whole search costs one prefill of the new session (which encoding it needs a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -16,6 +18,9 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import PREFILL_CHUNK
+
+if TYPE_CHECKING:
+    from seqkv_cli.trie.node_source import NodeSource
 
 
 class RowStream:
@@ -60,7 +65,7 @@ class RowStream:
 class NodeOracle:
     """Tokens of archived nodes, learnt by decoding them under new sessions' rows."""
 
-    def __init__(self, source, precision: int) -> None:
+    def __init__(self, source: NodeSource, precision: int) -> None:
         self.source, self.precision = source, precision
         self.decoders: dict[int, object] = {}
 

@@ -8,6 +8,7 @@ prefix is run once, each branch runs only its own tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +19,9 @@ from seqkv_cli.sequential.adapter import CanonicalLogits, Track
 PREFILL_CHUNK = 256
 
 
-def fork_track(adapter: CanonicalLogits, parent: Track, length: int, capacity: int, row) -> Track:
+def fork_track(
+    adapter: CanonicalLogits, parent: Track, length: int, capacity: int, row: np.ndarray
+) -> Track:
     """A new track holding the first `length` positions of `parent`, room for `capacity`.
 
     `row` is the parent's logits after position length - 1 (what predicts the branch's first
@@ -74,7 +77,9 @@ def start_run(
     return Run(node, start, prefix, tokens, n_tokens, track, row)
 
 
-def prefill(adapter: CanonicalLogits, run: Run, on_rows=None) -> None:
+def prefill(
+    adapter: CanonicalLogits, run: Run, on_rows: Callable[[int, torch.Tensor], None] | None = None
+) -> None:
     """Feed the run's known tokens in chunks; `on_rows(first, logits)` sees each chunk's rows.
 
     Row j of a chunk fed from offset `first` predicts the token at offset first + j + 1.

@@ -7,7 +7,7 @@ passes its branch point (nodes are never split, so most children branch off insi
 parent); a ready node takes a free row at the next pass, in the order nodes became ready.
 
 One schedule, two users: the restore (trie/decode.py) runs it, feeding each pass's rows to the
-model; the restore-time estimate (skv/restore_time.py) only counts its passes
+model; the restore-time estimate (archive/restore_time.py) only counts its passes
 (`planned_passes`). A rule changed here changes both.
 """
 
@@ -16,8 +16,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from seqkv_cli.trie.store import TrieContents, chain
+
+if TYPE_CHECKING:
+    from seqkv_cli.trie.tables import Node
 
 LOCKSTEP = 16  # seq nodes stepped together (memory: one K/V state each)
 
@@ -56,7 +60,7 @@ def needed_nodes(contents: TrieContents, wanted: list[int]) -> NeededNodes:
 class Schedule:
     """Nodes waiting for a row (`ready`) and nodes holding one (`running`)."""
 
-    def __init__(self, nodes, kids: dict[int, list[int]]) -> None:
+    def __init__(self, nodes: list[Node], kids: dict[int, list[int]]) -> None:
         self.nodes, self.kids = nodes, kids
         self.rows = LOCKSTEP  # read here, not at import: tests narrow it
         self.ready: deque[int] = deque()
@@ -98,7 +102,7 @@ class Schedule:
 def planned_passes(contents: TrieContents, wanted: list[int]) -> tuple[int, int]:
     """(model passes, tokens) a `seq` restore of `wanted` needs without guesses: the restore's
     Schedule run on node lengths alone, every row gaining one token a pass (the estimate of
-    skv.restore_time). Passes in which nothing but tokens happen are counted in one jump."""
+    archive.restore_time). Passes in which nothing but tokens happen are counted in one jump."""
     need = needed_nodes(contents, wanted)
     schedule = Schedule(contents.nodes, need.kids)
     done: dict[int, int] = {}  # tokens decoded by each node holding a row

@@ -6,14 +6,23 @@ one session at a time. Loading lazily keeps a 100-session compress at one captur
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from seqkv_cli.container.layout import STORED_ELSEWHERE
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.tables import NO_PPL
+
+if TYPE_CHECKING:
+    import torch
+
+    from seqkv_cli.kvcapture.capture_file import Capture
+    from seqkv_cli.sequential.session_codec import SessionCodec
+    from seqkv_codecs.base import Codec
 
 
 @dataclass
@@ -38,17 +47,19 @@ class Source:
         return cls(meta.get("session_id", "session"), meta, tokens.numpy().astype(np.int64), path)
 
     @classmethod
-    def from_capture(cls, cap, residual_coder=None) -> Source:
+    def from_capture(cls, cap: Capture, residual_coder: SessionCodec | None = None) -> Source:
         tokens = cap.tokens.numpy().astype(np.int64)
         return cls(cap.session_id, cap.meta, tokens, None, cap, residual_coder)
 
     @classmethod
-    def tokens_only(cls, session_id: str, tokens, meta: dict) -> Source:
+    def tokens_only(cls, session_id: str, tokens: Sequence[int] | np.ndarray, meta: dict) -> Source:
         """A session stored as its token ids; `meta` as a canonical capture's provenance."""
         arr = np.asarray(tokens, dtype=np.int64)
         return cls(session_id, {**meta, "session_id": session_id}, arr, recompute=True)
 
-    def recomputed(self, keys, values, surprisal):
+    def recomputed(
+        self, keys: list[torch.Tensor], values: list[torch.Tensor], surprisal: torch.Tensor
+    ):
         """A tokens-only session as the Capture its canonical recompute is."""
         import torch
 
@@ -61,7 +72,7 @@ class Source:
         """How messages name this session: its capture file, or its id when in memory."""
         return str(self.path) if self.path is not None else f"session {self.session_id}"
 
-    def coder_for(self, coder):
+    def coder_for(self, coder: SessionCodec | Codec):
         """The codec that stores this session's residual (and checks its restore)."""
         return self.residual_coder or coder
 
@@ -129,7 +140,7 @@ def profiles_for(sources: list[Source]) -> tuple[list[dict], list[int], list[dic
     return profiles, index_of, extras
 
 
-def ppl_milli(surprisal) -> int:
+def ppl_milli(surprisal: torch.Tensor | np.ndarray) -> int:
     """log2 PP in thousandths of a bit, as the session table stores it."""
     if surprisal.numel() == 0:
         return NO_PPL

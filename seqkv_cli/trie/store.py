@@ -11,11 +11,17 @@ earlier node without touching it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.tables import NO_PPL, Node, SessionRecord, decode_tables
+
+if TYPE_CHECKING:
+    from seqkv_cli.container.compact_reader import CompactReader
+    from seqkv_cli.container.reader import ContainerReader
 
 TRIE_VERSION = 1
 # Positions a session may reach when no model says otherwise (per-vector archives, or before
@@ -35,6 +41,18 @@ def session_part(segment: int, local: int, part: str) -> str:
     return f"t{segment}/s{local}/{part}"
 
 
+def archive_header(pipeline_config: dict, model: dict, meta: dict) -> dict:
+    """The container header of a trie archive: its sessions live in the segments' tables, so
+    the header's own session list is empty and ``trie`` says which trie version reads them."""
+    return {
+        "pipeline": [pipeline_config],
+        "model": model,
+        "sessions": [],
+        "meta": meta,
+        "trie": {"version": TRIE_VERSION},
+    }
+
+
 @dataclass
 class TrieContents:
     nodes: list[Node]
@@ -45,7 +63,9 @@ class TrieContents:
     kv_blocks: int
 
 
-def load(reader, path: Path, max_context: int = MAX_POSITIONS) -> TrieContents:
+def load_trie(
+    reader: ContainerReader | CompactReader, path: Path, max_context: int = MAX_POSITIONS
+) -> TrieContents:
     """Read and cross-check every segment's tables (no token is decoded).
 
     No node may reach past `max_context` positions (the model's context where known).
@@ -112,7 +132,7 @@ def load(reader, path: Path, max_context: int = MAX_POSITIONS) -> TrieContents:
     return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0)
 
 
-def check_context(contents: TrieContents, max_context: int, path) -> None:
+def check_context(contents: TrieContents, max_context: int, path: Path | str) -> None:
     """Refuse an archive whose nodes reach past the model's context (known once it is loaded)."""
     reach = max((node.stop for node in contents.nodes), default=0)
     if reach > max_context:
@@ -121,7 +141,11 @@ def check_context(contents: TrieContents, max_context: int, path) -> None:
         )
 
 
-def entries(contents: TrieContents, section_sizes: dict[str, int], read=None) -> list[dict]:
+def session_entries(
+    contents: TrieContents,
+    section_sizes: dict[str, int],
+    read: Callable[[str], bytes] | None = None,
+) -> list[dict]:
     """Session entries in the shape the flat layout's header holds (restore, info, report).
 
     `read(name)` reads a section: a near-duplicate session's length is in its edits part.
@@ -174,7 +198,7 @@ class PartReader:
     An absent part (omitted because empty) reads as b"".
     """
 
-    def __init__(self, reader) -> None:
+    def __init__(self, reader: ContainerReader | CompactReader) -> None:
         self.reader = reader
         self.known = {s.name for s in reader.sections}
         self.parts: dict[str, bytes] = {}

@@ -211,7 +211,7 @@ def _inflate(packed: bytes, limit: int, r: _Reader) -> bytes:
     return out
 
 
-def too_deep(value, limit: int) -> bool:
+def too_deep(value: object, limit: int) -> bool:
     """Nesting depth over `limit` (iterative: later readers of the values may recurse)."""
     stack = [(value, 1)]
     while stack:

@@ -143,7 +143,7 @@ def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny
 
 
 def test_replay_records_with_hostile_fields_are_refused():
-    from seqkv_cli.api.replay import read_record
+    from seqkv_cli.archive import read_record
 
     good = {"version": 1, "calls": [[3, 1], [1, 4]], "cache_dtype": "bf16", "sha256": "a" * 64}
     assert read_record({"replay": good}, 7) == good
@@ -340,10 +340,9 @@ def test_a_flat_archive_is_refused_before_any_work(tmp_path, tiny_lm):
 
 
 def test_crafted_replay_records_fail_alone_and_in_one_line(tmp_path, tiny_lm):
-    from seqkv_cli.api.replay import read_record
+    from seqkv_cli.archive import compress_sources, read_record
     from seqkv_cli.kvcapture.engine import run_capture
     from seqkv_cli.sequential.registry import resolve_codec
-    from seqkv_cli.skv.compress_trie import compress_sources
     from seqkv_cli.trie.sources import Source
 
     for raw in ("[1]", "null", "[" * 5000 + "]" * 5000, 7):
@@ -413,7 +412,7 @@ def test_add_many_is_one_append_and_meta_comes_back(tmp_path, tiny_lm):
         assert reports[0].added_bytes == reports[1].added_bytes == path.stat().st_size - before
         assert arc.meta("b1") == {"turn": 1} and arc.meta("b2") == {}
         assert [s.id for s in arc.sessions()] == ["solo", "b1", "b2"]
-        from seqkv_cli.archive.summary import session_rows
+        from seqkv_cli.archive import session_rows
 
         rows, _ = session_rows(path)
         assert [r["segment"] for r in rows] == [1, 2, 2]  # the batch is one segment
@@ -433,7 +432,7 @@ def test_add_many_is_one_append_and_meta_comes_back(tmp_path, tiny_lm):
 
 
 def test_max_relative_difference_refuses_another_models_cache(tmp_path, tiny_lm):
-    from seqkv_cli.api.caches import to_cache
+    from seqkv_cli.kvcapture.caches import to_cache
     from seqkv_cli.kvcapture.engine import run_capture
 
     ids = _ids(10)[0].tolist()

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from cli_run import invoke
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 from seqkv_cli.trie.store import chain
 
 PREFIX = "System: you are a careful assistant who answers briefly and cites sources. " * 3
@@ -69,14 +68,14 @@ def test_trie_stores_a_shared_prefix_once_and_restores_exactly(caps, tiny_lm, tm
 
 def test_seq_trie_token_bytes_follow_the_surprisal_of_stored_tokens(caps, tiny_lm, tmp_path):
     from seqkv_cli.trie.plan import Trie
+    from seqkv_cli.trie.segment import place_sessions
     from seqkv_cli.trie.sources import Source
-    from seqkv_cli.trie.write import plan
 
     compress_captures(caps, tmp_path / "t.skv", codec="seq", model=tiny_lm)
     with Archive(tmp_path / "t.skv", model=tiny_lm) as arc:
         token_bytes = len(arc.read_part(1, "tokens"))
     trie = Trie()
-    plan(trie, [Source.from_path(p) for p in caps])
+    place_sessions(trie, [Source.from_path(p) for p in caps])
     bits = 0.0
     for node in trie.nodes:  # each stored token costs its surprisal under its own prefix
         surprisal = load_capture(caps[node.creator]).surprisal
@@ -163,9 +162,9 @@ def test_compact_folds_segments_and_converts_flat_files(caps, tiny_lm, tmp_path)
 def test_trie_tables_cost_under_16_bytes_per_branching_session(tiny_lm, tmp_path):
     from seqkv_cli.trie.encode import SegmentBuild, session_records
     from seqkv_cli.trie.plan import Trie
+    from seqkv_cli.trie.segment import place_sessions
     from seqkv_cli.trie.sources import Source
     from seqkv_cli.trie.tables import Node, encode_tables
-    from seqkv_cli.trie.write import plan
 
     rng = np.random.default_rng(0)
     prefix = rng.integers(0, 250, 2000)
@@ -175,7 +174,7 @@ def test_trie_tables_cost_under_16_bytes_per_branching_session(tiny_lm, tmp_path
         tokens = np.concatenate([prefix, rng.integers(0, 250, 200)])
         sources.append(Source(f"chat-{i:03d}", {**meta, "session_id": f"chat-{i:03d}"}, tokens))
     trie = Trie()
-    ends = plan(trie, sources)
+    ends = place_sessions(trie, sources)
     build = SegmentBuild(session_records(sources, ends))
     for node in trie.nodes:  # payload lengths as a 200-token branch would have
         build.tables.nodes.append(Node(node.parent, node.attach, len(node.tokens), 90, 0))
@@ -184,7 +183,7 @@ def test_trie_tables_cost_under_16_bytes_per_branching_session(tiny_lm, tmp_path
 
 
 def test_resume_continues_exactly_like_the_original_cache(caps, tiny_lm, tmp_path):
-    from seqkv_cli.archive.resume import continue_from
+    from seqkv_cli.archive import continue_from
 
     path = tmp_path / "t.skv"
     compress_captures(caps, path, codec="seq", model=tiny_lm)

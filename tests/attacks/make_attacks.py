@@ -21,7 +21,7 @@ from tests.forge import put_together, read_tables, take_apart
 
 def _sources(folder: Path) -> list[Path]:
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from tests.skv.test_bounded_parsers import _capture
+    from tests.archive.test_bounded_parsers import _capture
 
     out = []
     for k, tokens in enumerate(([5, 6, 7, 8, 9, 10], [5, 6, 7, 11, 12])):
@@ -32,7 +32,7 @@ def _sources(folder: Path) -> list[Path]:
 
 def _names(sections, raw: bytes) -> None:
     """Replace the zlib'd names at the end of t1/index with `raw`, compressed."""
-    from tests.skv.test_structure_fuzz import _names_length
+    from tests.archive.test_structure_fuzz import _names_length
 
     table = sections["t1/index"]
     head = bytearray(table[: len(table) - _names_length(table)])
@@ -177,7 +177,7 @@ def attacks():
 
 
 def main(out: Path) -> None:
-    from seqkv_cli.skv.compress import compress_captures
+    from seqkv_cli.archive import compress_captures
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -38,7 +38,7 @@ TOKENS = [5 + (j * 7) % 200 for j in range(12)]
 @pytest.fixture(scope="module")
 def hostile_archive(tiny_model_dir, tmp_path_factory):
     """One session a hostile stored layout, plus one with none (llama.cpp's defaults)."""
-    from seqkv_cli.api.memory import open_archive
+    from seqkv_cli.api import open_archive
 
     path = tmp_path_factory.mktemp("round2") / "meta.skv"
     with open_archive(path, model=str(tiny_model_dir)) as arc:
@@ -189,7 +189,7 @@ def sharded(tiny_lm, tmp_path_factory):
 
 
 def _rewrite(src: Path, dst: Path, change) -> Path:
-    from seqkv_cli.archive.manifest import MANIFEST_NAME
+    from seqkv_cli.archive import MANIFEST_NAME
 
     dst.mkdir()
     for shard in src.glob("*.skv"):
@@ -241,7 +241,7 @@ def test_a_manifest_is_checked_against_its_shards(attack, sharded, tmp_path):
 
 
 def test_a_long_listing_is_plain_aligned_columns(sharded, monkeypatch):
-    from seqkv_cli.archive.manifest import read_manifest
+    from seqkv_cli.archive import read_manifest
     from seqkv_cli.commands import archive
 
     man = read_manifest(sharded)
@@ -320,7 +320,7 @@ def test_nan_kv_cannot_pass_the_other_model_guard(how, tmp_path, tiny_lm, tiny_m
 
 
 def test_the_guard_limit_must_be_finite_and_positive(tmp_path, tiny_lm, tiny_model_dir):
-    from seqkv_cli.api.memory import open_archive
+    from seqkv_cli.api import open_archive
     from seqkv_cli.kvcapture.engine import run_capture
 
     cap = run_capture(tiny_lm, TOKENS, dtype="fp32")
@@ -339,7 +339,7 @@ def test_the_guard_limit_must_be_finite_and_positive(tmp_path, tiny_lm, tiny_mod
 def test_a_huge_dataset_row_is_skipped_and_counted_or_refused(tmp_path, tiny_lm):
     """A dataset row too long for the context by its characters alone is never tokenized:
     skipped and counted like any session past the context, or refused with --strict."""
-    from seqkv_cli.archive.manifest import read_manifest
+    from seqkv_cli.archive import read_manifest
     from seqkv_cli.scale.common import DatasetOptions
     from seqkv_cli.scale.local import compress_dataset
 

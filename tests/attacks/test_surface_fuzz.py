@@ -246,7 +246,7 @@ def test_stored_llama_layout_fuzz():
 def test_user_metadata_fuzz(tiny_model_dir, tmp_path):
     """`add(meta=...)`: the check refuses in one line or keeps a JSON-equal copy; a sample
     goes through a real archive and reads back equal."""
-    from seqkv_cli.api.memory import check_meta, open_archive
+    from seqkv_cli.api import check_meta, open_archive
 
     base = {"agent": "a", "turn": 3, "tags": {"k": "v", "n": {"deep": 1}}, "score": 0.5}
     accepted = []
@@ -321,8 +321,7 @@ def _mutate_table(rng, table: pa.Table) -> tuple[str, pa.Table]:
 
 
 def test_manifest_fuzz(shards, tmp_path):
-    from seqkv_cli.archive.manifest import MANIFEST_NAME, read_manifest
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import MANIFEST_NAME, Archive, read_manifest
 
     table = pq.read_table(shards / MANIFEST_NAME)
     truth = set()

@@ -14,31 +14,31 @@ import pytest
 import torch
 
 BENCHES = [
-    "agent_memory",
-    "bench_codecs",
-    "bench_delta_topk",
-    "bench_entropy",
-    "bench_near_dup",
-    "bench_numerics",
-    "bench_seq",
-    "bench_trie",
-    "contention",
-    "definition_sweep",
-    "drafts",
-    "foreign_residual",
-    "gpu_check",
-    "llama_state",
-    "manifest_listing",
-    "native_speed",
-    "one_session",
-    "parallel",
-    "portability",
-    "real_models",
-    "run",
-    "scale",
-    "siblings",
-    "trie_batching",
-    "vocab",
+    "studies.agent_memory",
+    "studies.codecs",
+    "studies.delta_topk",
+    "studies.entropy",
+    "studies.near_dup",
+    "studies.numerics",
+    "studies.seq",
+    "studies.trie",
+    "studies.contention",
+    "studies.definition_sweep",
+    "studies.drafts",
+    "studies.foreign_residual",
+    "gpu.check",
+    "studies.llama_state",
+    "studies.manifest_listing",
+    "studies.native_speed",
+    "studies.one_session",
+    "studies.parallel",
+    "studies.real_models",
+    "studies.portability",
+    "suite.run",
+    "studies.scale",
+    "studies.siblings",
+    "studies.trie_batching",
+    "studies.vocab",
 ]
 
 
@@ -62,7 +62,7 @@ def _leave_torch_as_it_was():
 
 
 def run_bench(name: str, args: list[str], tmp_path) -> dict:
-    """`python -m bench.NAME ARGS --json FILE`, in this process; the JSON it wrote, checked
+    """`python -m bench.FOLDER.NAME ARGS --json FILE`, in this process; the JSON it wrote, checked
     for the harness's keys and for real numbers only."""
     main = importlib.import_module(f"bench.{name}").main
     out = tmp_path / f"{name}.json"
@@ -102,13 +102,15 @@ def test_every_bench_parses_its_command_line(name, capsys):
 
 
 def test_entropy(tmp_path):
-    out = run_bench("bench_entropy", ["--size-mb", "0.01", "--repeat", "1"], tmp_path)
+    out = run_bench("studies.entropy", ["--size-mb", "0.01", "--repeat", "1"], tmp_path)
     assert {r["method"] for r in out["results"]} >= {"rans-numpy", "zstd-3"}
     assert all(r["encode_MBps"] > 0 and r["ratio"] > 0 for r in out["results"])
 
 
 def test_manifest_listing(tmp_path):
-    out = run_bench("manifest_listing", ["--sessions", "3000", "--rich-sample", "50"], tmp_path)
+    out = run_bench(
+        "studies.manifest_listing", ["--sessions", "3000", "--rich-sample", "50"], tmp_path
+    )
     assert out["sessions"] == 3000 and 0 < out["us_per_row"] < out["rich_us_per_row"]
 
 
@@ -118,7 +120,7 @@ def test_codecs_on_given_captures(model, tmp_path):
     (tmp_path / "t.txt").write_text("Per-vector codecs, smallest case. " * 2)
     [cap] = capture([str(tmp_path / "t.txt")], model=model, out=tmp_path / "caps")
     args = ["--captures", str(cap.path), "--entropy-size-mb", "0.01"]
-    out = run_bench("bench_codecs", args, tmp_path)
+    out = run_bench("studies.codecs", args, tmp_path)
     rows = {r["codec"]: r for r in out["codecs"]}
     assert rows["lossless"]["rel_l2_error"] == 0 and rows["int8"]["ratio"] > 1
     assert out["positions"] == cap.capture.positions and out["entropy"]
@@ -128,7 +130,7 @@ def test_parallel(model, tmp_path):
     # 256 tokens restored: seconds are rounded to 0.1, and the speed-up divides by them
     args = ["--model", model, "--cases", "prose", "--tokens", "256", "--runs", "2"]
     args += ["--speed-tokens", "256", "--speed-runs", "1", "2"]
-    [row] = run_bench("parallel", args, tmp_path)["rows"]
+    [row] = run_bench("studies.parallel", args, tmp_path)["rows"]
     assert [b["runs"] for b in row["bits"]] == [1, 2] and row["bits"][0]["vs_one_run"] == 1
     assert [s["runs"] for s in row["speed"]] == [1, 2]
     assert all(s["bit_exact"] for s in row["speed"]) and row["hf_step_loop_tokens_per_s"] > 0
@@ -136,7 +138,7 @@ def test_parallel(model, tmp_path):
 
 def test_siblings(model, tmp_path):
     args = ["--model", model, "--cases", "independent", "--sessions", "2", "--tokens", "16"]
-    [row] = run_bench("siblings", args, tmp_path)["rows"]
+    [row] = run_bench("studies.siblings", args, tmp_path)["rows"]
     assert (row["alone"]["sessions"], row["together"]["sessions"]) == (1, 2)
     assert row["together"]["positions"] == 32 and row["positions_ratio"] > 0
 
@@ -146,7 +148,7 @@ def test_real_models(model, tmp_path):
     """Whole `seqkv` processes: capture, compress and decompress of the tiny model, exact."""
     steps = "capture_plain,capture,compress,decompress"
     result = run_bench(
-        "real_models", ["--model", model, "--tokens", "40", "--steps", steps], tmp_path
+        "studies.real_models", ["--model", model, "--tokens", "40", "--steps", steps], tmp_path
     )
     assert result["steps"]["decompress"]["bit_exact"] is True
     assert all(row["peak_GiB"] > 0 for row in result["steps"].values())
@@ -156,7 +158,7 @@ def test_one_session(model, tmp_path):
     text = tmp_path / "short.txt"
     text.write_text("One session, one file: the smallest case.\n")
     args = ["--model", model, "--texts", str(text), "--verify", str(text)]
-    [row] = run_bench("one_session", args, tmp_path)["rows"]
+    [row] = run_bench("studies.one_session", args, tmp_path)["rows"]
     assert row["verified_bit_exact"] and row["positions"] > 0
     assert 0 < row["token_payload_bytes"] < row["compact_file_bytes"] < row["trie_file_bytes"]
 
@@ -165,7 +167,7 @@ def test_definition_sweep(model, tmp_path):
     from seqkv_cli.runtime.portable import fused
 
     exact = (fused.FusedDecoder._linear, fused.attend)
-    out = run_bench("definition_sweep", ["--model", model, "--tokens", "16"], tmp_path)
+    out = run_bench("studies.definition_sweep", ["--model", model, "--tokens", "16"], tmp_path)
     assert out["tokens"] == 16 and out["rows"][0]["name"] == "transformers fp32"
     assert all(0 <= r["bf16_differ"] <= 1 for r in out["rows"])
     # its emulated products replace the fused kernels while it runs, and only then (left in
@@ -174,7 +176,7 @@ def test_definition_sweep(model, tmp_path):
 
 
 def test_numerics_speed(model, tmp_path):
-    out = run_bench("bench_numerics", ["--model", model, "--sections", "speed"], tmp_path)
+    out = run_bench("studies.numerics", ["--model", model, "--sections", "speed"], tmp_path)
     assert out["texts"] == {} and len(out["speed"]) == 4
     assert all(s["step_ms"] > 0 and s["prefill_256_s"] > 0 for s in out["speed"].values())
 
@@ -182,20 +184,20 @@ def test_numerics_speed(model, tmp_path):
 def test_trie(model, tmp_path):
     args = ["--model", model, "--sessions", "3", "--prefix", "40", "--tail", "10"]
     args += ["--singles", "1", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "x")]
-    out = run_bench("bench_trie", args, tmp_path)
+    out = run_bench("studies.trie", args, tmp_path)
     assert out["captures_exact_vs_whole_capture"] and out["extract_exact"]
     assert out["nodes"] >= 2 and out["archive_bytes"] > 0
 
 
 def test_suite_context_section(model, tmp_path):
-    out = run_bench("run", ["--model", model, "--quick", "--sections", "context"], tmp_path)
+    out = run_bench("suite.run", ["--model", model, "--quick", "--sections", "context"], tmp_path)
     assert out["quick"] and list(out["results"]) == ["context"]
     assert out["results"]["context"]["rows"] and out["total_seconds"] > 0
 
 
 def test_scale_without_ray(tmp_path):
     args = ["--tiny", "--sessions", "4", "--shard-sessions", "2", "--workers", ""]
-    out = run_bench("scale", args, tmp_path)
+    out = run_bench("studies.scale", args, tmp_path)
     assert [r["run"] for r in out["runs"]] == ["one archive (no shards)", "shards, serial"]
     assert all(r["sessions"] == 4 for r in out["runs"])
 
@@ -207,52 +209,52 @@ def test_scale_without_ray(tmp_path):
 def test_drafts(model, tmp_path):
     # 256 tokens: seconds are rounded to 0.1, and the speed-up divides by them
     args = ["--model", model, "--cases", "prose", "--tokens", "256"]
-    [row] = run_bench("drafts", args, tmp_path)["rows"]
+    [row] = run_bench("studies.drafts", args, tmp_path)["rows"]
     assert row["bit_exact"] and row["passes_off"] == row["tokens"] and row["speedup"] > 0
 
 
 @pytest.mark.slow
 def test_foreign_residual(model, tmp_path):
-    out = run_bench("foreign_residual", ["--model", model, "--tokens", "16"], tmp_path)
+    out = run_bench("studies.foreign_residual", ["--model", model, "--tokens", "16"], tmp_path)
     assert [r["dtype"] for r in out["rows"]] == ["bf16", "fp16", "fp32", "bf16"]
     assert out["rows"][0]["verified_bit_exact"] and out["replay"][0]["bit_exact"]
 
 
 @pytest.mark.slow
 def test_agent_memory(model, tmp_path):
-    out = run_bench("agent_memory", ["--model", model, "--max-tokens", "1100"], tmp_path)
+    out = run_bench("studies.agent_memory", ["--model", model, "--max-tokens", "1100"], tmp_path)
     assert out["turns"] and out["restore"]["own_cache_bit_exact"]
 
 
 @pytest.mark.slow
 def test_trie_batching(tmp_path):
-    out = run_bench("trie_batching", ["--sessions", "2"], tmp_path)
+    out = run_bench("studies.trie_batching", ["--sessions", "2"], tmp_path)
     assert out["now"]["sessions"] == 4 and out["now"]["passes"] > 0
 
 
 @pytest.mark.slow
 def test_portability(model, tmp_path):
     args = ["--model", model, "--tokens", "16", "--threads", "1", "--skip-mkl"]
-    out = run_bench("portability", args, tmp_path)
+    out = run_bench("studies.portability", args, tmp_path)
     assert out["variants"] and all(v["exact"] for v in out["variants"])
 
 
 @pytest.mark.slow
 def test_native_speed(model, tmp_path):
-    out = run_bench("native_speed", ["--model", model, "--threads", "1"], tmp_path)
+    out = run_bench("studies.native_speed", ["--model", model, "--threads", "1"], tmp_path)
     assert out["processes"]["capture_ratio"] > 0 and len(out["runs"]) == 2
 
 
 @pytest.mark.slow
 def test_contention(model, tmp_path):
     args = ["--model", model, "--tokens", "16", "--policies", "now"]
-    out = run_bench("contention", args, tmp_path)
+    out = run_bench("studies.contention", args, tmp_path)
     assert len(out["rows"]) == 5 and all(r["seconds"] for r in out["rows"])
 
 
 @pytest.mark.slow
 def test_gpu_check_cpu_dry_run(tmp_path):
-    out = run_bench("gpu_check", ["--cpu-dry-run", "--out", str(tmp_path / "gpu")], tmp_path)
+    out = run_bench("gpu.check", ["--cpu-dry-run", "--out", str(tmp_path / "gpu")], tmp_path)
     assert out["mode"] == "cpu dry run" and (tmp_path / "gpu" / "gpu_check.md").exists()
     steps = ("entropy_identity", "entropy_speed", "tables", "token_coder")
     assert all("error" not in out[k] for k in steps)
@@ -265,7 +267,7 @@ def test_seq(tmp_path):
 
     # bench_seq captures whole sample texts: up to ~9,400 byte tokens
     model = str(build_tiny_model(tmp_path / "tiny", context=16384))
-    out = run_bench("bench_seq", ["--model", model], tmp_path)
+    out = run_bench("studies.seq", ["--model", model], tmp_path)
     assert all(r["exact"] for r in out["rows"]) and out["speed"]["hf_step_loop_tokens_per_s"] > 0
 
 
@@ -273,7 +275,7 @@ def test_vocab(tmp_path):
     """A small vocabulary and one past 65,536: the kernels' and numpy's streams are the same
     bytes (the bench stops otherwise), every speed is real, the ratio is the payload over
     log2 PP, and seq-fast's stream is entropy version 2 past 65,536 tokens."""
-    out = run_bench("vocab", ["--vocabs", "300", "70000", "--tokens", "24"], tmp_path)
+    out = run_bench("studies.vocab", ["--vocabs", "300", "70000", "--tokens", "24"], tmp_path)
     assert [r["vocab"] for r in out["rows"]] == [300, 70_000]
     for r in out["rows"]:
         assert r["same_bytes"] and r["tokens"] == 24 and r["stream_bytes"] > 0
@@ -298,18 +300,18 @@ def test_vocab(tmp_path):
 
 @pytest.mark.slow
 def test_near_dup(model, tmp_path):
-    out = run_bench("bench_near_dup", ["--model", model], tmp_path)
+    out = run_bench("studies.near_dup", ["--model", model], tmp_path)
     assert out["rows"] and out["clusters"]
 
 
 @pytest.mark.slow
 def test_delta_topk(model, tmp_path):
-    out = run_bench("bench_delta_topk", ["--model", model, "--tokens", "16"], tmp_path)
+    out = run_bench("studies.delta_topk", ["--model", model, "--tokens", "16"], tmp_path)
     assert out["rows"]
 
 
 @pytest.mark.slow
 def test_llama_state(tmp_path):
     pytest.importorskip("llama_cpp")
-    out = run_bench("llama_state", ["--slots", "2"], tmp_path)
+    out = run_bench("studies.llama_state", ["--slots", "2"], tmp_path)
     assert out["exact_bytes"] > 0

@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark suite (bench/run.py --quick's cheapest parts), so it cannot rot.
+"""Smoke test of the benchmark suite (`bench/suite/run.py --quick`'s cheapest parts), so it
+cannot rot.
 
 Everything runs on the tiny random model, at quick sizes: the numbers are not benchmarks,
 but each section's code path runs end to end and its results must be self-consistent.
@@ -11,8 +12,8 @@ import math
 
 import pytest
 
-from bench.common import Run
 from bench.harness import append_markdown, environment, write_json
+from bench.suite.common import Run
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +23,14 @@ def run(tiny_lm, tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def set_results(run):
-    from bench.inputs import capture_set
+    from bench.suite.inputs import capture_set
 
     return capture_set(run, max_tokens=32)
 
 
 def test_rates_every_kind_of_codec(run, set_results):
-    from bench.inputs import save, slice_capture
-    from bench.rates import measure
+    from bench.suite.inputs import save, slice_capture
+    from bench.suite.rates import measure
 
     # different lengths: a trie archive restores sessions as they finish, not in file order
     caps = [slice_capture(r.capture, n) for r, n in zip(set_results, (32, 12, 24, 32), strict=True)]
@@ -45,7 +46,7 @@ def test_rates_every_kind_of_codec(run, set_results):
 
 
 def test_sessions_prefix_reuse_is_exact_and_archives_scale(run):
-    from bench.archives import run_archives
+    from bench.suite.archives import run_archives
 
     out = run_archives(run, points=(1, 3), decode=(3,), singles=2)
     assert out["prefix_reuse_bit_exact"]
@@ -62,7 +63,7 @@ def test_sessions_prefix_reuse_is_exact_and_archives_scale(run):
 
 
 def test_context_decode_clock(run):
-    from bench.context import run_context
+    from bench.suite.context import run_context
 
     out = run_context(run)
     seq = [r for r in out["rows"] if r["codec"] == "seq"]
@@ -71,7 +72,7 @@ def test_context_decode_clock(run):
 
 
 def test_profile_split_adds_up(run, set_results):
-    from bench.profile_seq import run_profile
+    from bench.suite.profile_seq import run_profile
 
     out = run_profile(run, set_results[0].path, set_results[0].capture.positions, False)
     split = out["runs"]["check_off"]
@@ -80,15 +81,15 @@ def test_profile_split_adds_up(run, set_results):
 
 
 def test_memory_child_reports_its_own_peak():
-    from bench.memory import peak
+    from bench.suite.memory import peak
 
     out = peak(["import"])
     assert 50 < out["peak_rss_MiB"] < 4096 and out["seconds"] >= 0
 
 
 def test_gpu_check_dry_run_functions():
-    from bench.gpu_check import entropy_crossover, entropy_identity, entropy_speed, tables
-    from bench.gpu_tokens import TINY, DeviceRows, token_coder
+    from bench.gpu.check import entropy_crossover, entropy_identity, entropy_speed, tables
+    from bench.gpu.tokens import TINY, DeviceRows, token_coder
 
     # no GPU and not the simulator: the kernel source on the CPU, and no speed to measure
     identity = entropy_identity(dry=True)
@@ -101,14 +102,14 @@ def test_gpu_check_dry_run_functions():
 
 
 def test_report_and_outputs(run, set_results, tmp_path):
-    from bench.report import render
-    from bench.run import parse_args
-    from bench.speed import run_speed
+    from bench.suite.report import render
+    from bench.suite.run import parse_args
+    from bench.suite.speed import run_speed
 
     speed = run_speed(run, set_results)
     assert speed["seq_decode_tokens_per_s_1_session"] > 0
     payload = {
-        "command": "python -m bench.run --quick",
+        "command": "python -m bench.suite.run --quick",
         "quick": True,
         "environment": environment(run.lm),
         "inputs": [{"session": "x", "positions": 32}],

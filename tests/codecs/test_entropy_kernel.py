@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.gpu_entropy import Case, bf16_planes, check, random_cases, summary
+from bench.gpu.entropy import Case, bf16_planes, check, random_cases, summary
 from seqkv_codecs.entropy import decode_symbols, encode_symbols, placement, rans_lanes_cpu
 from seqkv_codecs.entropy.geometry import decode_geometry
 from seqkv_codecs.errors import CorruptStreamError

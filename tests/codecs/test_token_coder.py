@@ -144,7 +144,7 @@ def test_size_is_close_to_ideal_and_stats_are_exact():
 
 
 def test_golden_stream():
-    """Pins the format: docs/TOKEN_STREAM.md quotes this vector."""
+    """Pins the format: docs/format/TOKEN_STREAM.md quotes this vector."""
     tokens = (np.arange(40) * np.arange(40) * 7 + 3 * np.arange(40)) % VOCAB
     data = encode_tokens(tokens, FakeLM(), precision_bits=16, chunk_size=16)
     assert data[:20].hex() == "534b544b011000006100000028000000" + "10000000"

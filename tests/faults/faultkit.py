@@ -103,7 +103,7 @@ def digest(*tensors) -> str:
 
 def archive_state(path: Path, lm=None, kv: bool = True):
     """Every session of an archive: id -> (tokens, digest of its K/V); None: no file."""
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
 
     if not path.exists():
         return None
@@ -135,7 +135,7 @@ def captures_state(folder: Path):
 def sharded_state(folder: Path, lm):
     """A sharded archive as one: id -> tokens, each decoded from its shard; "refused: ..."
     when its manifest does not vouch for its shards (stale or incomplete: never silent)."""
-    from seqkv_cli.archive.manifest import manifest_file, read_manifest
+    from seqkv_cli.archive import manifest_file, read_manifest
     from seqkv_cli.errors import SeqkvError
 
     if not folder.exists() or manifest_file(folder) is None:

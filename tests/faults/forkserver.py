@@ -43,14 +43,6 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402,F401
 from transformers.models.llama import modeling_llama  # noqa: E402,F401
 
-import seqkv_cli.api.memory  # noqa: E402
-import seqkv_cli.archive.append  # noqa: E402
-import seqkv_cli.archive.compact  # noqa: E402
-import seqkv_cli.runtime.loading  # noqa: E402
-import seqkv_cli.runtime.portable.model  # noqa: E402
-import seqkv_cli.scale.local  # noqa: E402
-import seqkv_cli.skv.compress  # noqa: E402
-import seqkv_cli.skv.restore  # noqa: E402,F401
 from seqkv_cli import fsutil  # noqa: E402
 from seqkv_cli.cli import app  # noqa: E402
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
+from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.kvcapture.capture_file import Capture, save_capture
-from seqkv_cli.skv.compress import compress_captures
-from seqkv_cli.skv.restore import Archive
 
 CODECS = ("raw", "lossless", "int8", "kivi2", "kivi4", "turbo3", "turbo4")
 

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from seqkv_cli.skv.compress import compress_captures
+from seqkv_cli.archive import compress_captures
 
 HERE = Path(__file__).resolve().parent
 MODEL = HERE / "seq-v1" / "model"

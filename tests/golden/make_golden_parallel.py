@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from seqkv_cli.archive import compress_captures
 from seqkv_cli.runtime.numerics import PORTABLE
-from seqkv_cli.skv.compress import compress_captures
 
 HERE = Path(__file__).resolve().parent
 CAPTURES = [HERE / "seq-portable-v1" / "captures" / f"{s}.safetensors" for s in ("a", "b")]

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from seqkv_cli.archive import compress_captures
 from seqkv_cli.kvcapture.api import capture
-from seqkv_cli.skv.compress import compress_captures
 
 MODEL = Path(__file__).resolve().parent / "seq-v1" / "model"
 TEXT = "A cache from the user's own run differs from the recompute by rounding noise. " * 2

@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from seqkv_cli.archive import compress_captures
 from seqkv_cli.kvcapture.api import capture
-from seqkv_cli.skv.compress import compress_captures
 from tests.conftest import build_tiny_model
 
 TEXT = (

@@ -361,7 +361,7 @@ def _slots_sharing_a_prompt(lm, folder, *, same_prefix_kv: bool):
 
 
 def test_a_shared_prompts_kv_is_stored_once(tmp_path, tiny_model_dir, tiny_lm):
-    from seqkv_cli.archive.summary import session_rows
+    from seqkv_cli.archive import session_rows
 
     own = {}
     for same in (True, False):
@@ -389,7 +389,7 @@ def test_a_residual_resting_on_a_later_session_fails_alone(tmp_path, tiny_model_
     """Checksums valid, the based part names slot 2 (a later session) for slot 1: slot 1 is
     refused in one line, slots 0 and 2 still restore."""
     from forge import put_together, take_apart
-    from seqkv_cli.skv.restore import Archive
+    from seqkv_cli.archive import Archive
     from seqkv_codecs.residual import parse_based
 
     paths = _slots_sharing_a_prompt(tiny_lm, tmp_path, same_prefix_kv=True)

@@ -28,12 +28,14 @@ def caps(tiny_lm, tmp_path_factory):
 
 
 @pytest.fixture(scope="package")
-def full(caps, tmp_path_factory):
+def full(caps, tiny_model_dir, tmp_path_factory):
     """`seqkv report` with every output, on raw / seq / turbo3 with continuation metrics."""
     out = tmp_path_factory.mktemp("report-out")
     result = invoke(
         "report",
         caps[0].parent,
+        "--model",  # a capture names no folder of the machine it was made on
+        tiny_model_dir,
         "--codecs",
         "raw,seq,turbo3",
         "--continuation",

@@ -9,13 +9,14 @@ import pytest
 from cli_run import error_lines, invoke
 
 
-def test_gate_passes_and_fails_naming_sessions(caps, tmp_path):
-    ok = invoke("report", *caps, "--codecs", "seq", "--max-gap", "100", "--require-exact")
+def test_gate_passes_and_fails_naming_sessions(caps, tiny_model_dir, tmp_path):
+    seq = ("--codecs", "seq", "--model", tiny_model_dir)
+    ok = invoke("report", *caps, *seq, "--max-gap", "100", "--require-exact")
     assert ok.exit_code == 0, ok.output
     assert "gate passed (2 row(s) checked)" in ok.stdout
 
     out = tmp_path / "gate.json"
-    bad = invoke("report", *caps, "--codecs", "seq", "--max-bits-per-position", "1", "--json", out)
+    bad = invoke("report", *caps, *seq, "--max-bits-per-position", "1", "--json", out)
     assert bad.exit_code == 1, bad.output
     [line] = error_lines(bad)
     assert "gate failed for 2 row(s)" in line and "a (seq)" in line and "b (seq)" in line
@@ -25,30 +26,26 @@ def test_gate_passes_and_fails_naming_sessions(caps, tmp_path):
     assert {f["id"] for f in doc["gate"]["failures"]} == {"a", "b"}
 
 
-def test_require_exact_fails_lossy_rows_and_gates_only_rows_under_test(caps):
+def test_require_exact_fails_lossy_rows_and_gates_only_rows_under_test(caps, tiny_model_dir):
     lossy = invoke("report", caps[0], "--codecs", "turbo3", "--require-exact")
     assert lossy.exit_code == 1
     [line] = error_lines(lossy)
     assert "a (turbo3): not bit-exact" in line
     # A .skv input is under test; default baselines (lossy int8, turbo3) are not gated.
-    unverified = invoke("report", caps[0], "--codecs", "seq", "--no-verify", "--require-exact")
+    seq = ("--codecs", "seq", "--model", tiny_model_dir, "--no-verify")
+    unverified = invoke("report", caps[0], *seq, "--require-exact")
     assert unverified.exit_code == 1 and "exactness not verified" in error_lines(unverified)[0]
 
 
-def test_gate_on_skv_input_ignores_default_baselines(caps, tmp_path):
+def test_gate_on_skv_input_ignores_default_baselines(caps, tiny_model_dir, tmp_path):
     skv = tmp_path / "seq.skv"
-    made = invoke("compress", caps[0], "-o", skv, "--codec", "seq", "--model", caps_model(caps))
+    made = invoke("compress", caps[0], "-o", skv, "--codec", "seq", "--model", tiny_model_dir)
     assert made.exit_code == 0, made.output
-    result = invoke("report", caps[0], skv, "--require-exact", "--max-gap", "50")
+    gates = ("--require-exact", "--max-gap", "50")
+    result = invoke("report", caps[0], skv, "--model", tiny_model_dir, *gates)
     assert result.exit_code == 0, result.output
     assert "seq [seq.skv]" in result.stdout and "turbo3" in result.stdout
     assert "gate passed (1 row(s) checked)" in result.stdout
-
-
-def caps_model(caps) -> str:
-    from seqkv_cli.kvcapture.capture_file import load_capture_meta
-
-    return load_capture_meta(caps[0])["model_source"]
 
 
 @pytest.mark.parametrize(

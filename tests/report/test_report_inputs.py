@@ -16,15 +16,16 @@ from seqkv_cli.report.continuation import Continuation
 from seqkv_cli.report.windows import cost_curve, mean_curve, windows
 
 
-def test_mixed_models_are_grouped_and_said_so(caps, tmp_path):
+def test_mixed_models_are_grouped_and_said_so(caps, tiny_model_dir, tmp_path):
     other = build_tiny_model(tmp_path / "other", seed=1)
     text = tmp_path / "c.txt"
     text.write_text("A second model reads this sentence. " * 2)
     [res] = capture([str(text)], model=str(other), out=tmp_path / "caps")
     out = tmp_path / "r.json"
     plots = tmp_path / "plots"
+    models = ("--model", tiny_model_dir, "--model", other)  # each serves its own captures
     result = invoke(
-        "report", *caps, res.path, "--codecs", "seq,int8", "--json", out, "--plots", plots
+        "report", *caps, res.path, "--codecs", "seq,int8", *models, "--json", out, "--plots", plots
     )
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in plots.iterdir())
@@ -61,6 +62,13 @@ def test_session_codec_without_its_model(caps, tmp_path, monkeypatch):
     """Named explicitly, seq without a loadable model is an error; by default, a note."""
     from seqkv_cli.kvcapture.capture_file import load_capture_meta, save_capture
 
+    # a capture names its model by name and fingerprint, never by a folder of this machine
+    meta = load_capture_meta(caps[0])
+    assert "model_source" not in meta and meta["model_name"] == "tiny-llama"
+    result = invoke("report", caps[0], "--codecs", "seq")
+    assert result.exit_code == 2
+    assert "cannot compute seq: no model is known for it (pass --model)" in result.stderr
+    # a capture of an older seqkv names the folder it was made from, here one since deleted
     cap = load_capture(caps[0])
     cap.meta["model_source"] = str(tmp_path / "gone")  # the model folder has been deleted
     save_capture(cap, tmp_path / "a.safetensors")

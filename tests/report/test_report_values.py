@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from seqkv_cli import load_capture
-from seqkv_cli.skv.accounting import account
-from seqkv_cli.skv.restore import Archive
+from seqkv_cli.archive import Archive, account
 
 SAMPLE_DATA = Path(__file__).resolve().parents[2] / "sample_data"
 REQUIRED = {
@@ -85,8 +84,8 @@ def test_json_schema_and_known_numbers(full, caps, tiny_lm):
 
 def test_sessions_of_one_file_add_up_to_its_size(caps, tmp_path):
     """The per-session bits (with their share of header and trie) sum to the file."""
+    from seqkv_cli.archive import compress_captures
     from seqkv_cli.report.collect import ReportOptions, build_report
-    from seqkv_cli.skv.compress import compress_captures
 
     skv = tmp_path / "int8.skv"
     compress_captures(caps, skv, codec="int8")

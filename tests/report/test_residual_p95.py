@@ -11,9 +11,8 @@ import torch
 
 from cli_run import invoke
 from seqkv_cli import load_capture
+from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.kvcapture.capture_file import save_capture
-from seqkv_cli.skv.compress import compress_captures
-from seqkv_cli.skv.restore import Archive
 
 
 def _perturbed(cap_path, out):
@@ -53,6 +52,7 @@ def test_seq_residual_p95_is_the_residual_it_stores(caps, tiny_lm, tmp_path):
     out = tmp_path / "r.json"
     result = invoke(
         "report", skv, tmp_path / "changed.safetensors", "--codecs", "seq,int8",
+        "--model", tiny_lm.source,
         "--json", out, "--csv", tmp_path / "r.csv",
     )  # fmt: skip
     assert result.exit_code == 0, result.output

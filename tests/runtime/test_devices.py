@@ -1,8 +1,8 @@
 """--device auto|cpu|cuda (runtime/devices.py): refusals, resolution, and that the device and
 thread count never change a written byte (SOURCE_DATE_EPOCH makes whole files comparable).
 
-The CUDA path itself needs a GPU: bench/gpu_check.sh compares whole .skv files written on the
-CPU and on the device (bench/gpu_files.py)."""
+The CUDA path itself needs a GPU: bench/gpu/check.sh compares whole .skv files written on the
+CPU and on the device (bench/gpu/files.py)."""
 
 from __future__ import annotations
 

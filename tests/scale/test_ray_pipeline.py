@@ -7,7 +7,7 @@ import pytest
 from dataset_fixtures import chat_rows, write_jsonl
 from test_sharded import restored_sessions, same_capture
 
-from seqkv_cli.archive.manifest import read_manifest
+from seqkv_cli.archive import read_manifest
 from seqkv_cli.scale.common import DatasetOptions
 from seqkv_cli.scale.local import compress_dataset
 

@@ -10,17 +10,17 @@ import pyarrow.parquet as pq
 import pytest
 from dataset_fixtures import write_jsonl
 
-from seqkv_cli.archive.manifest import (
+from seqkv_cli.archive import (
     COLUMNS,
     MANIFEST_NAME,
     META_KEY,
+    Archive,
     read_manifest,
     token_digest,
 )
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.scale.common import DatasetOptions
 from seqkv_cli.scale.local import compress_dataset
-from seqkv_cli.skv.restore import Archive
 
 # Six sessions, two a shard: the first ids differ at once (one prefix key each), so the plan
 # is three shards, and an edit past --prefix-tokens keeps every shard name.
@@ -82,7 +82,7 @@ def test_another_codec_rewrites_every_shard(first, tiny_lm):
 def test_shards_and_manifests_of_before_the_record_are_read_and_rebuilt(first, tiny_lm):
     """seqkv 0.5 wrote version 1 manifests and shards without a content record: still read,
     never taken as complete."""
-    from seqkv_cli.api.sessions import compress_sessions
+    from seqkv_cli.api import compress_sessions
 
     data, out = first
     man = read_manifest(out)

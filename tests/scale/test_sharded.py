@@ -15,12 +15,11 @@ import torch
 from dataset_fixtures import chat_rows, write_jsonl
 from typer.testing import CliRunner
 
-from seqkv_cli.archive.manifest import MANIFEST_NAME, read_manifest
+from seqkv_cli.archive import MANIFEST_NAME, Archive, read_manifest
 from seqkv_cli.cli import app
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.scale.common import DatasetOptions
 from seqkv_cli.scale.local import compress_dataset, compress_dataset_to_file
-from seqkv_cli.skv.restore import Archive
 
 runner = CliRunner()
 

@@ -281,9 +281,8 @@ def test_damaged_or_missing_delta_streams_raise_codec_errors(canon, cap):
 
 
 def test_through_a_container(tiny_lm, cap, tmp_path):
+    from seqkv_cli.archive import Archive, compress_captures
     from seqkv_cli.kvcapture.capture_file import save_capture
-    from seqkv_cli.skv.compress import compress_captures
-    from seqkv_cli.skv.restore import Archive
 
     save_capture(cap, tmp_path / "prose.safetensors")
     codec = {"id": "delta-topk", "max_bits": 3}

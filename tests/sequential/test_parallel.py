@@ -11,11 +11,10 @@ import pytest
 from cli_run import assert_error, invoke
 from passes import counted
 from seqkv_cli import load_capture
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.runtime.numerics import PORTABLE
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.sequential.parallel_stream import (
     MAX_CHUNKS,

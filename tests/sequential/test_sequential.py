@@ -7,10 +7,8 @@ import pytest
 from cli_run import invoke
 from conftest import SAMPLE_DATA, build_tiny_model
 from seqkv_cli import capture, load_capture
+from seqkv_cli.archive import Archive, compress_captures, decompress, same_capture
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.decompress import decompress
-from seqkv_cli.skv.restore import Archive
 
 
 @pytest.fixture(scope="module")

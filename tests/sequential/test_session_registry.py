@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from seqkv_cli import capture
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.sequential import registry
 from seqkv_cli.sequential.session_codec import SessionCodec
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 from seqkv_codecs import registry as codec_registry
 
 

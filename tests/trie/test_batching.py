@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 
 from passes import counted
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 from seqkv_cli.trie.schedule import planned_passes
 
 ROOT = "Shared system prompt. " * 3  # the byte-level tiny tokenizer: one token per byte

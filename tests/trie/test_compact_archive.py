@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 from archive.test_archive import PREFIX, _add_process, assert_exact, invoke
+from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.container import open_container
 from seqkv_cli.container.compact_reader import CompactReader
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
-from seqkv_cli.skv.compress import compress_captures
-from seqkv_cli.skv.restore import Archive
 
 
 @pytest.fixture(scope="module")

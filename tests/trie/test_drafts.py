@@ -13,11 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seqkv_cli.archive import Archive, compress_captures, same_capture
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.sequential.adapter import CanonicalLogits
-from seqkv_cli.skv.compress import compress_captures, same_capture
-from seqkv_cli.skv.restore import Archive
 from seqkv_codecs.sequential.drafts import MAX_DRAFT, DraftIndex, Stream
 
 # The byte-level tiny tokenizer: one token per byte. Repeated phrases give the n-gram
@@ -218,7 +217,7 @@ def test_guess_length_follows_the_measured_acceptance():
 
 def test_decompress_reports_tokens_as_they_decode(archive, tiny_lm, tmp_path):
     """What the CLI's progress bar shows: tokens decoded so far of the tokens to decode."""
-    from seqkv_cli.skv.decompress import decompress
+    from seqkv_cli.archive import decompress
 
     path, caps = archive
     calls = []

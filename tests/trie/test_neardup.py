@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.neardup_align import (
+from seqkv_cli.trie.neardup.alignment import (
     COPY,
     DELETE,
     INSERT,
@@ -20,8 +20,8 @@ from seqkv_cli.trie.neardup_align import (
     apply_edits,
     common_prefix_len,
 )
-from seqkv_cli.trie.neardup_cluster import Cluster, cluster, near_prefix, plt_distance
-from seqkv_cli.trie.neardup_edits import decode_edits, encode_edits
+from seqkv_cli.trie.neardup.clustering import Cluster, cluster, near_prefix, plt_distance
+from seqkv_cli.trie.neardup.edits import decode_edits, encode_edits
 
 VOCAB = 50
 
@@ -253,7 +253,7 @@ def test_sample_chats_form_one_cluster_with_near_prefix_712(embedded_lm):
 
 def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(monkeypatch):
     """Issue 13: --near-dup aligned all n^2 pairs; now O(n * MAX_CANDIDATES) alignments."""
-    from seqkv_cli.trie import neardup_cluster
+    from seqkv_cli.trie.neardup import clustering as neardup_cluster
 
     rng = np.random.default_rng(5)
     sessions = {f"s{i:03d}": rng.integers(0, 5000, 120) for i in range(300)}
@@ -277,7 +277,7 @@ def test_clustering_aligns_candidate_pairs_only_and_still_finds_near_duplicates(
 
 
 def test_stream_bytes_match_the_spec():
-    """docs/NEARDUP.md, "Example": a hand-checked stream, byte for byte."""
+    """docs/format/NEARDUP.md, "Example": a hand-checked stream, byte for byte."""
     centroid = np.array([5, 6, 7, 8], np.int64)
     member = np.array([5, 6, 300, 8], np.int64)
     edits = align(centroid, member, min_copy=1)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 # run the kernels yet): numpy spends ~12 ms on any stream of the per-vector codecs' lane count
 # (~1,024 steps of ~12 us each) and ~50 ms on 4M symbols (2 CPU cores); the GPU pays a few
 # launches, host round trips and copies per stream, plus seconds of kernel compilation once per
-# process. bench/gpu_check.py measures the real crossover and prints the value to put here.
+# process. bench/gpu/check.py measures the real crossover and prints the value to put here.
 GPU_MIN_SYMBOLS = 1 << 20
 ENV_MIN_SYMBOLS = "SEQKV_ENTROPY_GPU_MIN_SYMBOLS"  # overrides GPU_MIN_SYMBOLS (0: every stream)
 

@@ -21,7 +21,7 @@ consecutive lanes, in registers) and per step: decodes (`lanes.decode_lanes`), s
 block's counts in shared memory, publishes the block's total, waits at a grid barrier, sums
 the totals of the blocks before it, and refills (`lanes.refill_lanes`). A decode therefore
 costs about one grid barrier per step (``ceil(n / lanes)`` steps), which is what bounds it on
-a GPU; bench/gpu_check.py reports the time per step.
+a GPU; bench/gpu/check.py reports the time per step.
 
 `rans_lanes_cpu` runs the same `lanes` functions on the CPU with the same `geometry`; CI
 checks both against the numpy coder (tests/codecs/test_entropy_kernel.py), the kernels here

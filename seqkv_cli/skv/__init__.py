@@ -1,1 +1,0 @@
-"""Captures in and out of `.skv` containers: compress, restore, verify, account."""

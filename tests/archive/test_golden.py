@@ -1,0 +1,178 @@
+"""Golden .skv files written by an earlier version must decode to the recorded bytes forever."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqkv_cli import load_capture
+from seqkv_cli.archive import Archive
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "v1"
+EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("codec", sorted(EXPECTED))
+def test_golden_file_decodes_to_recorded_bytes(codec):
+    from golden.make_golden import digest
+
+    with Archive(GOLDEN / f"{codec}.skv") as arc:
+        arc.reader.verify()
+        assert arc.codec.codec_id == codec
+        restored = arc.restore(arc.sessions[0])
+    assert digest(restored) == EXPECTED[codec]
+    original = load_capture(GOLDEN / "capture.safetensors")
+    assert torch.equal(restored.tokens, original.tokens)
+    if arc.codec.lossless:
+        assert digest(original) == EXPECTED[codec]
+
+
+SEQ_GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "seq-v1"
+SEQ_FILES = json.loads((SEQ_GOLDEN / "expected.json").read_text())
+
+
+# The machine class that wrote seq-v1/: the legacy forward's bits depend on ATen's and MKL's
+# kernels (an AVX-512 machine computes other bits), so the decode runs in a child process that
+# imitates it, as any user of an old file must (docs/NUMERICS.md, "legacy files").
+LEGACY_WRITER = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "SEQKV_BENCH_THREADS": "2",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEQ_FILES))
+def test_legacy_numerics_seq_golden_restores_its_captures_bit_for_bit(name):
+    """`seq`/`seq-fast` files written before numeric paths were named (legacy fp32 forward)."""
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the legacy golden files need a CPU with AVX2 to imitate their writer")
+    from bench.studies.portability import capture_digest, decode_in_child
+
+    with Archive(SEQ_GOLDEN / f"{name}.skv") as arc:
+        assert arc.codec.codec_id == SEQ_FILES[name]["codec"]
+        assert arc.codec.numerics == "canonical-fp32-rb8-kb256-v1"
+    model = str(SEQ_GOLDEN / "model")
+    try:
+        got, _ = decode_in_child(SEQ_GOLDEN / f"{name}.skv", model, LEGACY_WRITER, timeout=300)
+    except RuntimeError as exc:
+        # Some machines cannot imitate the writer at all (seen at stop 20: an Intel Xeon whose
+        # MKL AVX2 kernels split rows by batch size). There a decoder must refuse in its one
+        # line, before any token is decoded; any other failure (a CRC mismatch) is a defect.
+        refusal = "this machine's BLAS is not row-invariant; the canonical-fp32-rb8-kb256-v1"
+        assert refusal in str(exc), exc
+        pytest.skip("this machine cannot imitate the legacy golden files' writer (refused)")
+    want = {
+        sid: capture_digest(load_capture(SEQ_GOLDEN / "captures" / f"{sid}.safetensors"))
+        for sid in ("a", "b")
+    }
+    assert got == want
+
+
+PORTABLE_GOLDEN = SEQ_GOLDEN.parent / "seq-portable-v1"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("name", sorted(SEQ_FILES))
+def test_portable_numerics_seq_golden_restores_its_captures_bit_for_bit(name, version):
+    """Files of portable-fx53-v1, -v2 and -v3 (same tiny model as seq-v1): no definition drifts."""
+    from seqkv_cli.archive import same_capture
+
+    golden = SEQ_GOLDEN.parent / f"seq-portable-{version}"
+    with Archive(golden / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.codec.numerics == f"portable-fx53-{version}"
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    assert sorted(restored) == ["a", "b"]
+    for sid, cap in restored.items():
+        original = load_capture(golden / "captures" / f"{sid}.safetensors")
+        assert original.meta["numeric_path"] == f"portable-fx53-{version}"
+        assert same_capture(cap, original)
+
+
+# (folder, the seq-portable golden its session comes from, format minor)
+COMPACT_GOLDENS = [("compact-v1", "seq-portable-v1", 2), ("compact-v3", "seq-portable-v3", 5)]
+COMPACT_CASES = [
+    (folder, source, minor, codec)
+    for folder, source, minor in COMPACT_GOLDENS
+    for codec in ("seq", "seq-fast")
+]
+
+
+@pytest.mark.parametrize(("folder", "source", "minor", "codec"), COMPACT_CASES)
+def test_compact_golden_restores_its_capture_and_is_written_the_same_today(
+    folder, source, minor, codec, tmp_path
+):
+    """Compact files (format 1.2 on v1, 1.5 on v3): they decode forever, and today's writer
+    gives the same bytes."""
+    import hashlib
+
+    from seqkv_cli.archive import compress_captures, same_capture
+
+    golden_dir = SEQ_GOLDEN.parent / folder
+    expected = json.loads((golden_dir / "expected.json").read_text())
+    golden = golden_dir / f"{codec}.skv"
+    assert hashlib.sha256(golden.read_bytes()).hexdigest() == expected[codec]["sha256"]
+    with Archive(golden, model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.reader.version == (1, minor) and arc.codec.codec_id == codec
+        [entry] = arc.sessions
+        restored = arc.restore(entry)
+    capture = SEQ_GOLDEN.parent / source / "captures" / "a.safetensors"
+    assert entry["id"] == "a" and same_capture(restored, load_capture(capture))
+    again = tmp_path / "again.skv"
+    compress_captures([capture], again, codec=codec, model=str(SEQ_GOLDEN / "model"))
+    assert again.read_bytes() == golden.read_bytes()
+
+
+RESIDUAL_GOLDEN = SEQ_GOLDEN.parent
+
+
+@pytest.mark.parametrize("name", ["seq-trie", "seq-flat"])
+@pytest.mark.parametrize(("folder", "version"), [("residual-skr2-v1", 1), ("residual-skr2-v2", 2)])
+def test_rounding_residual_golden_restores_a_foreign_capture_bit_for_bit(folder, version, name):
+    """SKR2 parts (a non-canonical capture's residual, modelled on the recompute's rounding):
+    stream version 1 (seqkv 0.2, on numeric path v1) and version 2 (seqkv 0.3, v2)."""
+    from seqkv_cli.archive import same_capture
+
+    golden = RESIDUAL_GOLDEN / folder
+    with Archive(golden / f"{name}.skv", model=str(SEQ_GOLDEN / "model")) as arc:
+        parts = [s.name for s in arc.reader.sections if "residual." in s.name]
+        heads = {arc.reader.read_section(p)[:5] for p in parts}
+        assert parts and heads == {b"SKR2" + bytes([version])}
+        [entry] = arc.sessions
+        restored = arc.restore(entry)
+    original = load_capture(golden / "captures" / "a.safetensors")
+    assert original.meta["numeric_path"] != "portable-fx53-v1"  # a foreign cache
+    assert same_capture(restored, original)
+
+
+TABLES_GOLDEN = SEQ_GOLDEN.parent / "tables-v1"
+TABLES_FILES = json.loads((TABLES_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(TABLES_FILES))
+def test_binary_table_golden_restores_every_session_bit_for_bit(name):
+    """Format 1.4 (binary section tables, seqkv 0.4): a foreign capture with its residual
+    parts and its own surprisal (`SKS1`), in a trie, a flat file and a trie grown by one
+    append (two binary records; the appended session is canonical)."""
+    from seqkv_cli.archive import same_capture
+
+    captures = {
+        "a": RESIDUAL_GOLDEN / "residual-skr2-v2" / "captures" / "a.safetensors",
+        "b": SEQ_GOLDEN.parent / "seq-portable-v2" / "captures" / "b.safetensors",
+    }
+    want = TABLES_FILES[name]
+    path = TABLES_GOLDEN / f"{name}.skv"
+    assert path.stat().st_size == want["bytes"]
+    with Archive(path, model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.reader.version == (1, 4) and arc.reader.tables
+        assert arc.reader.generation == len(want["sessions"])
+        assert any("residual." in s.name for s in arc.reader.sections)
+        assert [e["id"] for e in arc.sessions] == want["sessions"]
+        surprisal = [s.name for s in arc.reader.sections if s.name.endswith("/surprisal")]
+        assert [arc.reader.read_section(p)[:4] for p in surprisal] == [b"SKS1"]  # only "a"
+        for entry in arc.sessions:
+            restored = arc.restore(entry)
+            assert same_capture(restored, load_capture(captures[entry["id"]])), entry["id"]
