@@ -183,7 +183,7 @@ def test_numerics_speed(model, tmp_path):
 
 def test_trie(model, tmp_path):
     args = ["--model", model, "--sessions", "3", "--prefix", "40", "--tail", "10"]
-    args += ["--singles", "1", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "x")]
+    args += ["--singles", "1", "--work", str(tmp_path / "work")]
     out = run_bench("studies.trie", args, tmp_path)
     assert out["captures_exact_vs_whole_capture"] and out["extract_exact"]
     assert out["nodes"] >= 2 and out["archive_bytes"] > 0

@@ -358,7 +358,7 @@ def test_alphabets_up_to_65536_keep_their_version_1_bytes():
 
 
 def test_wide_golden_bytes():
-    """The version-2 layout of docs/ENTROPY_STREAM.md, pinned."""
+    """The version-2 layout of docs/format/ENTROPY_STREAM.md, pinned."""
     data = encode_symbols(np.array([70_000, 5, 70_000, 131_071]), 131_072)
     head = "02000000000002000400000000000000"  # version 2, A = 131072, n = 4
     high = encode_symbols(np.array([1, 0, 1, 1]), 2)

@@ -152,4 +152,8 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C as a terminal delivers it, whatever this server inherited: a shell starts a
+    # background job (`pytest ... &`) with SIGINT ignored, and its children would ignore
+    # the injected SIGINT and finish (exit 0, not 130).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     serve()

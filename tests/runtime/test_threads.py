@@ -43,7 +43,7 @@ def test_the_cli_makes_idle_threads_yield_unless_the_user_chose(monkeypatch):
 def test_progress_bars_show_tokens_per_second():
     from types import SimpleNamespace
 
-    from seqkv_cli.commands.capture import TokensPerSecond
+    from seqkv_cli.commands.options import TokensPerSecond
 
     assert TokensPerSecond().render(SimpleNamespace(speed=12.345)).plain == "12.3 tokens/s"
     assert TokensPerSecond().render(SimpleNamespace(speed=None)).plain == ""
