@@ -1,7 +1,7 @@
 """Canonical forward: logits and K/V bit-identical however a sequence is cut into chunks.
 
 An arithmetic decoder can only step token by token, while an encoder and `capture` want to
-prefill; ordinary fp32 paths disagree in the last bits (DESIGN.md §3). This forward removes
+prefill; ordinary fp32 paths disagree in the last bits (docs/NUMERICS.md). This forward removes
 every source of shape-dependent rounding instead of hoping rounding hides it:
 
 * **Row blocks.** Every matrix product runs with a row count padded to a multiple of

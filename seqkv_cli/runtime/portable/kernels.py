@@ -3,12 +3,14 @@
 The definition is `exact` (torch ops, each one correctly rounded IEEE operation); these numba
 kernels compute the *same* values, so they change speed and never bits:
 
-* **Integer products** (`int_products`). A fixed-point product's partial sums are integers
-  below 2**53, so any order of adding them gives the same fp64 result — a vectorised loop
-  over int32 weights is as exact as a BLAS call over fp64 ones, and reads half the bytes. A
-  one-token step is bound by the weight bytes it reads (DESIGN.md §7), so steps run here and
-  large products (prefill) keep the BLAS. Reassociation is the one fast-math flag allowed:
-  it is what lets LLVM vectorise the sum, and on integer-valued sums it is exact.
+* **Integer products** (`stored_step`, `stored_tile`). A fixed-point product's partial sums
+  are integers below 2**53, so any order of adding them gives the same fp64 result — a
+  vectorised loop over a weight row's integers is as exact as a BLAS call over fp64 ones.
+  A one-token step is bound by the weight bytes it reads, so a step's few rows run here,
+  reading each weight at its stored width and making its integers in registers
+  (`jitted_weights`); larger products (prefill) get fp64 tiles for the BLAS. Reassociation
+  is the one fast-math flag allowed: it is what lets LLVM vectorise the sum, and on
+  integer-valued sums it is exact.
 * **Elementwise chains** (`exp`, `quantize_rows`, `split_rows`, `combine`): one pass per
   element instead of one torch kernel per operation. Compiled without fast-math, so every
   ``*`` and ``+`` is its own correctly rounded operation in the order `exact` writes it — no
