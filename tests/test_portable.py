@@ -69,6 +69,41 @@ def test_family_prefill_chunks_steps_and_rows_are_bit_identical(family, path):
     assert torch.equal(_eager_logits(model, ids), before)
 
 
+SCALED_ROPE = {  # the rotary scalings real checkpoints ship (Llama 3.x, long-context Qwen, ...)
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 500000.0,
+    },
+    "linear": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+    },
+}
+
+
+@pytest.mark.parametrize("rope", sorted(SCALED_ROPE))
+def test_scaled_rotary_tables_are_recomputed_in_the_definition(rope):
+    # Llama 3.2's folder config (rope_type llama3) was refused at `1 - smooth` (aten::rsub).
+    model = tiny_family_model("llama", rope_parameters=SCALED_ROPE[rope])
+    ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(2))
+    before = _eager_logits(model, ids)
+    lm = PortableLM(model)
+    (module, table), *_ = lm._rotary
+    assert torch.allclose(table, module.inv_freq, rtol=1e-6, atol=0)
+    whole = lm.forward(lm.new_state(24), ids)
+    step_state = lm.new_state(24)
+    steps = torch.cat([lm.forward(step_state, ids[i : i + 1]) for i in range(24)])
+    assert _same(whole, steps)
+    assert float((whole - before).abs().max()) < 1e-4 * float(before.abs().max())
+
+
 def test_fork_continues_like_the_whole_sequence():
     lm = PortableLM(tiny_family_model("llama"))
     ids = torch.arange(3, 23)

@@ -207,6 +207,15 @@ def _add_sub(mode, func, args, kwargs):
     return torch.add(a, scaled) if op_name(func)[0] == "add" else torch.sub(a, scaled)
 
 
+def _rsub(mode, func, args, kwargs):
+    """rsub(a, b, alpha) is b - alpha * a: one rounding when alpha is 1 (Llama 3's rotary
+    table computes ``1 - smooth``), else split like `_add_sub`."""
+    alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+    if alpha == 1:
+        return func(*args, **kwargs)
+    return torch.sub(args[1], torch.mul(args[0], alpha))
+
+
 def _index_put(mode, func, args, kwargs):
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     if accumulate and _is_float(args[0]):
@@ -253,6 +262,7 @@ OP_POLICY = {
     # Exact under a condition, checked per call (else refused).
     "add": _add_sub,
     "sub": _add_sub,
+    "rsub": _rsub,
     "cumsum": _integer_only,
     "prod": _integer_only,
     "index_put": _index_put,
