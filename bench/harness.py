@@ -69,7 +69,8 @@ def command_line() -> str:
     with contextlib.suppress(ValueError):
         relative = script.relative_to(ROOT)
         if relative.parts[0] == "bench" and relative.suffix == ".py":
-            return " ".join(["python", "-m", f"bench.{relative.stem}", *sys.argv[1:]])
+            module = ".".join(relative.with_suffix("").parts)  # bench.studies.real_models
+            return " ".join(["python", "-m", module, *sys.argv[1:]])
         script = relative
     return " ".join(["python", script.as_posix(), *sys.argv[1:]])
 
