@@ -419,6 +419,64 @@ def quants_q6_k(raw, s, q):
         q[j] = (ql | (qh << 4)) - 32
 
 
+# --- a whole row's quants at once, for the commonest kinds -----------------------------------
+# A byte becomes its fp64 quant by one load from a 256-entry table: numba does not vectorise
+# the per-run int64 -> fp64 conversions of `quants_*`, and unpacking is most of a step's work
+# over 4- and 8-bit weights (docs/NUMERICS.md, "Weights at their stored width").
+
+_LOW = np.array([b & 15 for b in range(256)], dtype=np.float64)
+_HIGH = np.array([b >> 4 for b in range(256)], dtype=np.float64)
+_SIGNED = np.array([b - 256 if b >= 128 else b for b in range(256)], dtype=np.float64)
+
+
+@njit(**inline)
+def row_quants_q8_0(raw, q):
+    for s in range(q.shape[0] // 32):
+        o = s * 34 + 2
+        for j in range(32):
+            q[s * 32 + j] = _SIGNED[raw[o + j]]
+
+
+@njit(**inline)
+def row_quants_q4_0(raw, q):
+    for s in range(q.shape[0] // 32):
+        o = s * 18 + 2
+        for j in range(16):
+            b = raw[o + j]
+            q[s * 32 + j] = _LOW[b] - 8.0
+            q[s * 32 + 16 + j] = _HIGH[b] - 8.0
+
+
+@njit(**inline)
+def row_quants_q4_1(raw, q):
+    for s in range(q.shape[0] // 32):
+        o = s * 20 + 4
+        for j in range(16):
+            b = raw[o + j]
+            q[s * 32 + j] = _LOW[b]
+            q[s * 32 + 16 + j] = _HIGH[b]
+
+
+@njit(**inline)
+def row_quants_q4_k(raw, q):  # a block: 4 chunks of 32 bytes, low nibbles a run, high the next
+    for blk in range(q.shape[0] // 256):
+        o = blk * 144 + 16
+        for h in range(4):
+            for t in range(32):
+                b = raw[o + h * 32 + t]
+                q[blk * 256 + h * 64 + t] = _LOW[b]
+                q[blk * 256 + h * 64 + 32 + t] = _HIGH[b]
+
+
+# kind -> its whole-row unpacker; the other block kinds go a run at a time (`quants_*`).
+ROW_QUANTS = {
+    "q8_0": row_quants_q8_0,
+    "q4_0": row_quants_q4_0,
+    "q4_1": row_quants_q4_1,
+    "q4_k": row_quants_q4_k,
+}
+
+
 # kind -> (run length, params, quants); the float kinds have no block form.
 BLOCK_FORMS = {
     "q8_0": (32, params_q8_0, quants_q8_0),

@@ -7,15 +7,19 @@ copy. Each kind has two row functions, compiled for it (`compile_kind`):
 
 * ``ints_row`` writes a row's integers into a buffer (a prefill's tile, or a step of several
   rows that then reuse them);
-* ``dot_row`` sums ``x · integers`` over a row in one pass — a one-row step, the common case,
-  reads each weight's stored bytes once and keeps nothing. It is compiled apart, with
-  reassociation (the one fast-math flag allowed: the terms are integers below 2**53, so any
-  order gives the same sum), since numba would give an inlined copy its caller's flags.
+* ``dot_row`` sums ``x · integers`` over a row — a one-row step, the common case. Float
+  kinds do it in one pass that keeps nothing; block kinds first make the row's integers in a
+  row-sized buffer and then sum them in a plain loop (a loop that both makes and sums them
+  does not vectorise). It is compiled apart, with reassociation (the one fast-math flag
+  allowed: the terms are integers below 2**53, so any order gives the same sum), since numba
+  would give an inlined copy its caller's flags.
 
-Block kinds go a run of 16 or 32 values at a time (`jitted_decode.BLOCK_FORMS`): where the
-run's scale and offset are whole numbers of the row's units, the integers are the affine
-``c1·q + c0`` with nothing to round; elsewhere each value is rounded to fp32 and then to its
-integer, as the reference does. fp16 and bf16 are widened through their fp32 bit patterns.
+Block kinds unpack a row's quants first (a table lookup a byte for the commonest kinds,
+`jitted_decode.ROW_QUANTS`), then go a run of 16 or 32 values at a time
+(`jitted_decode.BLOCK_FORMS`): where the run's scale and offset are whole numbers of the row's
+units, the integers are the affine ``c1·q + c0`` with nothing to round; elsewhere each value
+is rounded to fp32 and then to its integer, as the reference does. fp16 and bf16 are widened
+through their fp32 bit patterns.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from seqkv_cli.runtime.checkpoint.jitted_decode import BLOCK_FORMS, r32, specialise
+from seqkv_cli.runtime.checkpoint.jitted_decode import BLOCK_FORMS, ROW_QUANTS, r32, specialise
 from seqkv_cli.runtime.portable.jitted import (
     exact_flags,
     peak_exponent,
@@ -47,38 +51,35 @@ def int_dot(x, w):  # integer-valued terms below 2**53: exact in any order
 # --- row functions, one pair per kind --------------------------------------------------------
 
 
-def dot_blocks(raw, down, x, q):  # template (SUB, params, quants bound per kind)
+def dot_blocks(raw, down, x, q):  # template (SUB, params, unpack bound per kind)
+    ints_row(raw, down, q, q)  # noqa: F821 (the row's integers, then one plain dot)
     acc = 0.0
-    for s in range(x.shape[0] // SUB):  # noqa: F821
-        a, b = params(raw, s)  # noqa: F821
-        quants(raw, s, q)  # noqa: F821
-        c1, c0 = a * down, b * down
-        o = s * SUB  # noqa: F821
-        if c1 == np.rint(c1) and c0 == np.rint(c0):
-            for j in range(SUB):  # noqa: F821
-                acc += x[o + j] * (c1 * q[j] + c0)
-        else:
-            for j in range(SUB):  # noqa: F821
-                acc += x[o + j] * np.rint(r32(a * q[j] + b) * down)
+    for k in range(x.shape[0]):
+        acc += x[k] * q[k]
     return acc
 
 
 def ints_blocks(raw, down, out, q):  # template, as dot_blocks
+    unpack(raw, out)  # noqa: F821 (the quants, then each run's integers in their place)
     for s in range(out.shape[0] // SUB):  # noqa: F821
         a, b = params(raw, s)  # noqa: F821
-        quants(raw, s, q)  # noqa: F821
         c1, c0 = a * down, b * down
         o = s * SUB  # noqa: F821
         if c1 == np.rint(c1) and c0 == np.rint(c0):
             for j in range(SUB):  # noqa: F821
-                out[o + j] = c1 * q[j] + c0
+                out[o + j] = c1 * out[o + j] + c0
         else:
             for j in range(SUB):  # noqa: F821
-                out[o + j] = np.rint(r32(a * q[j] + b) * down)
+                out[o + j] = np.rint(r32(a * out[o + j] + b) * down)
 
 
-def scratch_blocks(k_len):  # template: a run's small integers
-    return np.empty(SUB)  # noqa: F821
+def unpack_runs(raw, q):  # template (SUB, quants): a row's quants a run at a time
+    for s in range(q.shape[0] // SUB):  # noqa: F821
+        quants(raw, s, q[s * SUB : (s + 1) * SUB])  # noqa: F821
+
+
+def scratch_blocks(k_len):  # a row's quants
+    return np.empty(k_len)
 
 
 def dot_f32(raw, down, x, scratch):
@@ -193,7 +194,11 @@ def _row_functions(kind: str) -> dict:
     """The kind's dot_row (reassociating), ints_row and new_scratch, compiled."""
     if kind in BLOCK_FORMS:
         sub, params, quants = BLOCK_FORMS[kind]
-        bound = {"SUB": sub, "params": params, "quants": quants}
+        unpack = ROW_QUANTS.get(kind)
+        if unpack is None:
+            runs = specialise(unpack_runs, kind, SUB=sub, quants=quants)
+            unpack = njit(**{**exact_flags, "inline": "always"})(runs)
+        bound = {"SUB": sub, "params": params, "unpack": unpack}
         fns = (dot_blocks, ints_blocks, scratch_blocks)
     elif kind == "f32":
         bound, fns = {}, (dot_f32, ints_f32, scratch_f32)
@@ -202,11 +207,13 @@ def _row_functions(kind: str) -> dict:
         inline = njit(**{**exact_flags, "inline": "always"})(specialise(widen, kind))
         bound = {"widen": inline, "unit": 1.0 if kind == "bf16" else F16_TO_F32}
         fns = (dot_widened, ints_widened, scratch_widened)
-    dot, ints, scratch = (specialise(f, kind, **bound) for f in fns)
+    inline = {**exact_flags, "inline": "always"}
+    ints = njit(**inline)(specialise(fns[1], kind, **bound))
+    dot = specialise(fns[0], kind, **bound, ints_row=ints)  # the block kinds' dot uses it
     return {
         "dot_row": njit(**sum_flags)(dot),
-        "ints_row": njit(**{**exact_flags, "inline": "always"})(ints),
-        "new_scratch": njit(**{**exact_flags, "inline": "always"})(scratch),
+        "ints_row": ints,
+        "new_scratch": njit(**inline)(specialise(fns[2], kind, **bound)),
     }
 
 
