@@ -25,7 +25,6 @@ numba is imported on first use only: `seqkv --help` never pays for it.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import torch
@@ -49,7 +48,7 @@ _numba = native.numba
 
 # Work (multiply-adds or elements) from which a kernel runs on all threads: below it, waking
 # a sleeping thread pool (OMP_WAIT_POLICY=PASSIVE, which the CLI sets) costs more than it saves.
-PARALLEL_WORK = int(os.environ.get("PW", 1 << 18))
+PARALLEL_WORK = 1 << 18
 _threads_set = 0
 
 
