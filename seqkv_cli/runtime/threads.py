@@ -2,7 +2,7 @@
 
 OpenMP's default wait policy spins a thread that waits for its siblings; on a shared machine
 those spinning threads take the cores the working ones need, and every kernel of a model step
-stalls. Measured on the 2-core development VM (`bench/contention.py`, a 120-token `seq`
+stalls. Measured on the 2-core development VM (`bench/studies/contention.py`, a 120-token `seq`
 archive; docs/BENCHMARKS.md "Threads under contention"): with OpenMP's default waits two
 decompressions at once took 2.63x one alone and a compress + verify next to a busy process
 1.83x; with ``OMP_WAIT_POLICY=PASSIVE`` 1.15x and 0.94x, and alone it was not slower.

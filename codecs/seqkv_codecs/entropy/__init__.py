@@ -1,6 +1,6 @@
 """Static entropy coding of integer symbols: lane-interleaved rANS on the CPU or a GPU.
 
-Every backend writes identical bytes (docs/ENTROPY_STREAM.md); ``backend`` only chooses where
+Every backend writes identical bytes (docs/format/ENTROPY_STREAM.md); ``backend`` only chooses where
 the work runs: ``"numpy"`` (the CPU coder), ``"cuda"`` (numba CUDA kernels, `rans_cuda`),
 ``"torch"`` (the numpy coder as torch ops, any torch device) or ``"auto"`` (the CUDA kernels
 for long streams when `placement` has a CUDA device selected, else numpy). Alphabets past

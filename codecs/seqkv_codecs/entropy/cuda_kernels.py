@@ -1,6 +1,6 @@
 """The CUDA kernels of the GPU entropy coder, as Python functions numba compiles on first use.
 
-`rans_cuda` compiles and launches them (docs/ENTROPY_STREAM.md, "On a GPU"); the per-lane
+`rans_cuda` compiles and launches them (docs/format/ENTROPY_STREAM.md, "On a GPU"); the per-lane
 work is `lanes`, compiled here as device functions. Importing this module imports
 ``numba.cuda`` (which must happen after NUMBA_ENABLE_CUDASIM is set, for the simulator) but
 compiles nothing: the kernels stay plain functions so that a test can compile them to PTX on a
@@ -157,7 +157,7 @@ def decode(states, words, n_words, slot_sym, slot_packed, precision, lanes, step
            per_thread, out, block_counts, status):  # fmt: skip
     """Every step of every lane, cooperatively (launched with all blocks resident): decode,
     count the words wanted, find where they start (grid barrier), refill. ``status``: [0] the
-    words ran out, [1] a lane did not end at 2**16, [2] words read (docs/ENTROPY_STREAM.md,
+    words ran out, [1] a lane did not end at 2**16, [2] words read (docs/format/ENTROPY_STREAM.md,
     "Decoder checks")."""
     tid = cuda.threadIdx.x
     b = cuda.blockIdx.x

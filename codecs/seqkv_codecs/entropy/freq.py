@@ -2,7 +2,7 @@
 
 The construction is part of the stream format: the decoder reads the frequencies, but any change
 to how the encoder derives them from counts changes the bytes it writes, so it is integer-only
-(no floats, no platform-dependent rounding) and fully specified in docs/ENTROPY_STREAM.md.
+(no floats, no platform-dependent rounding) and fully specified in docs/format/ENTROPY_STREAM.md.
 """
 
 from __future__ import annotations

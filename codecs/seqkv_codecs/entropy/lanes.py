@@ -8,7 +8,7 @@ under numba's simulator (slow, small streams), so what runs on a GPU is what CI 
 
 Arithmetic is int64 throughout: states are below 2**32 and frequencies below 2**16, so nothing
 overflows, and mixing numba's unsigned and signed integers (which it would type as float64) is
-avoided. The stream's rules are docs/ENTROPY_STREAM.md ("The coder").
+avoided. The stream's rules are docs/format/ENTROPY_STREAM.md ("The coder").
 """
 
 from __future__ import annotations

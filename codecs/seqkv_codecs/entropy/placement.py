@@ -1,7 +1,7 @@
 """Where ``backend="auto"`` runs the entropy coder: the CPU (numpy) unless a CUDA device is
 selected and the stream is long enough to pay for the GPU's fixed costs.
 
-Both places write the same bytes (docs/ENTROPY_STREAM.md, "On a GPU"), so this choice changes
+Both places write the same bytes (docs/format/ENTROPY_STREAM.md, "On a GPU"), so this choice changes
 speed only. The device is process-wide, like the runtime's model device: seqkv's commands set
 it from ``--device`` for the length of one command (`on_device`); library users call
 `use_device`. Nothing here imports numba or torch.

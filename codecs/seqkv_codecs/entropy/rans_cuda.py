@@ -1,6 +1,6 @@
 """The GPU entropy coder: numba CUDA kernels around `lanes`, writing and reading stream version 1.
 
-The stream format is the CPU's (docs/ENTROPY_STREAM.md); only the schedule differs.
+The stream format is the CPU's (docs/format/ENTROPY_STREAM.md); only the schedule differs.
 
 **Encode** never makes one lane wait for another:
 

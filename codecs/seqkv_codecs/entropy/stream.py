@@ -1,4 +1,5 @@
-"""Byte layout of an entropy stream, shared by the numpy and torch coders (docs/ENTROPY_STREAM.md).
+"""Byte layout of an entropy stream, shared by the numpy and torch coders
+(docs/format/ENTROPY_STREAM.md).
 
 Both backends hand :func:`pack` the same table, lane states and words, so they write the same
 bytes. :func:`unpack` checks every size against the length of the data before it allocates
@@ -20,7 +21,8 @@ VERSION = 1
 MAX_ALPHABET = 1 << 16
 MAX_STEPS = 1 << 16  # symbols per lane; bounds n_symbols by 2**16 * lanes <= 2**14 * len(data)
 DEFAULT_MAX_LANES = 1 << 14
-SYMBOLS_PER_LANE = 1 << 9  # ~64 bits of lane state per 512 symbols: see docs/ENTROPY_STREAM.md
+# ~64 bits of lane state per 512 symbols: see docs/format/ENTROPY_STREAM.md
+SYMBOLS_PER_LANE = 1 << 9
 HEADER = struct.Struct("<BBBBIQIIQ")  # version, precision, set mode, freq width, A, n, K, L, W
 STATE_LOW = 1 << 16
 

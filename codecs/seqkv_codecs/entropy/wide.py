@@ -6,7 +6,7 @@ codes each symbol's high 16 bits as one version-1 stream, then the low 16 bits o
 of each high value as a version-1 stream of their own: the low plane is coded *given* the
 high one, so the stream costs what one table over the whole alphabet would
 (n·H(s) = n·H(high) + Σ_h n_h·H(low | high = h)), plus one table per high value in use.
-Layout: docs/ENTROPY_STREAM.md, "Version 2". `encode_symbols` writes it only for alphabets
+Layout: docs/format/ENTROPY_STREAM.md, "Version 2". `encode_symbols` writes it only for alphabets
 past 65,536, so every stream a smaller alphabet gives keeps its version-1 bytes.
 """
 

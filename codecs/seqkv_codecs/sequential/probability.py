@@ -5,7 +5,7 @@ they run numpy or torch, on CPU or GPU. ``exp`` differs between math libraries i
 bit, so the only float operations here are one IEEE subtraction and one IEEE
 multiplication (correctly rounded on every platform); the exponential itself is an integer
 table lookup and a shift. Everything after that is exact int64 arithmetic. Any change to
-this construction changes coded bytes and must bump the format version (docs/RANGE_CODER.md).
+this construction changes coded bytes and must bump the format version (docs/format/RANGE_CODER.md).
 
 `reference_frequencies` is the construction as whole-row numpy operations (the definition);
 the coder's hot paths (`frequencies_from_logits`, `intervals_from_logits`, `find_symbol`)
@@ -149,7 +149,7 @@ def reference_frequencies(
     logits: np.ndarray, precision_bits: int = 24, floor: int = 1
 ) -> np.ndarray:
     """:func:`frequencies_from_logits` as whole-row numpy operations: the definition
-    (docs/RANGE_CODER.md §1) that the compiled kernels are checked against."""
+    (docs/format/RANGE_CODER.md §1) that the compiled kernels are checked against."""
     x = np.asarray(logits)
     _check_logits(x)
     spare = _spare_mass(x.shape[-1], precision_bits, floor)

@@ -3,7 +3,7 @@
 Queue order: the first symbol encoded is the first decoded. The range never drops below
 2**56, so ``range >> P`` keeps at least 25 bits and truncation costs < 2**-25 bits per
 symbol. Pure Python integers: one call per token is cheap next to one model step.
-Byte-level spec: docs/RANGE_CODER.md.
+Byte-level spec: docs/format/RANGE_CODER.md.
 """
 
 from __future__ import annotations

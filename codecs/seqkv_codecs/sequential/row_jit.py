@@ -1,5 +1,5 @@
 """The token coder's per-row work compiled by numba: the integers of probability.py's numpy
-definition (docs/RANGE_CODER.md §1), without its float64 copies and temporaries.
+definition (docs/format/RANGE_CODER.md §1), without its float64 copies and temporaries.
 
 The numpy definition is about fifteen whole-row operations, each a temporary of V elements
 (a float64 copy of the logits, steps, weights, shares, a cumulative table...): on a
