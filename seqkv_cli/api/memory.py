@@ -120,6 +120,14 @@ class MemoryArchive:
                 f"open_archive keeps sessions with a model-backed trie codec (seq, seq-fast); "
                 f"{config.get('id')!r} is not one"
             )
+        if config.get("parallel", 1) != 1:
+            # A trie stores each session as one branch coded in one run; runs side by side
+            # would be recorded and never used (the same bytes, the same load time).
+            raise SeqkvError(
+                "open_archive: parallel runs (seq --parallel) are not kept in trie archives; "
+                "use codec='seq-fast' for a one-prefill load, or `seqkv compress --parallel N` "
+                "for whole sessions in a file of their own"
+            )
         # A dict config without a numeric path means a new file: the portable default (read
         # from a file, a missing path means the legacy forward that predates the field).
         config.setdefault("numerics", numerics or DEFAULT)

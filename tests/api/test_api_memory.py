@@ -309,6 +309,12 @@ def test_bad_calls_get_one_line_each(tmp_path, user_model, tiny_lm):
         (lambda: seqkv.open_archive(tmp_path, model=tiny_lm), "is not a file"),
         (lambda: seqkv.open_archive(tmp_path / "x.skv", model=3.5), "must be a transformers"),
         (lambda: seqkv.open_archive(tmp_path / "y.skv", tiny_lm, codec="kivi2"), "trie codec"),
+        (
+            lambda: seqkv.open_archive(
+                tmp_path / "y.skv", tiny_lm, codec={"id": "seq", "parallel": 8}
+            ),
+            "parallel runs .* are not kept in trie archives",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(SeqkvError, match=message):
