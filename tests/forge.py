@@ -10,7 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from seqkv_cli.container import open_container
-from seqkv_cli.container.format import SUPERBLOCK_SIZE, Slot, crc32c, encode_superblock
+from seqkv_cli.container.format import (
+    LAYOUT_RECORDS,
+    SUPERBLOCK_SIZE,
+    Slot,
+    crc32c,
+    encode_superblock,
+)
 from seqkv_cli.container.index import IndexRecord, SectionEntry, encode_record
 
 
@@ -27,7 +33,7 @@ def put_together(header: dict, sections: dict[str, bytes]) -> bytes:
         entries.append(SectionEntry(name, offset, len(data), crc32c(bytes(data))))
         body += data
         offset += len(data)
-    raw = encode_record(IndexRecord(1, None, header, [], tuple(entries)), tables=True)
+    raw = encode_record(IndexRecord(1, None, header, [], tuple(entries)), LAYOUT_RECORDS)
     slot = Slot(0, 1, offset, len(raw), crc32c(raw))
     return encode_superblock(slot) + bytes(body) + raw
 

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from seqkv_cli.archive.identity import fingerprint_matches, load_canonical, model_identity
 from seqkv_cli.container import locked_for_append
+from seqkv_cli.container.format import LAYOUT_RECORDS
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.loading import LoadedModel, load_model
 from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import (
+    FRESH,
     MAX_POSITIONS,
     NodeSource,
     PartReader,
@@ -89,7 +91,9 @@ def add_sources(
         before = reader.slot.committed_end  # a torn tail of a killed add is dropped, not kept
         segment = len(contents.segments) + 1
         canon, source = _model_side(coder, contents, reader, model, header, path)
-        build = grow_segment(contents, source, sources, coder, canon)
+        # a file older than 1.6 takes version-1 tables, so the seqkv that wrote it still reads it
+        versioned = reader.layout == LAYOUT_RECORDS
+        build = grow_segment(contents, source, sources, coder, canon, versioned)
         written = appender.commit([], segment_sections(build, segment))
     new_tokens = sum(n.n_tokens for n in build.tables.nodes)
     positions = sum(len(s.tokens) for s in sources)
@@ -115,7 +119,7 @@ def _expand_compact(appender, model, path):
     header = archive_header(
         session.pipeline_config(), ident, {"expanded_from": "compact single-session file"}
     )
-    index = encode_tables(tables_of(session, len(payload)), 0)
+    index = encode_tables(tables_of(session, len(payload)), 0, FRESH)  # a new 1.6 file
     appender.rewrite(header, [(part_name(1, "index"), index), (part_name(1, "tokens"), payload)])
     return lm
 

@@ -62,6 +62,7 @@ from seqkv_cli.sequential.registry import (
     session_codec_classes,
 )
 from seqkv_cli.trie import (
+    FRESH,
     SegmentBuild,
     Source,
     Trie,
@@ -329,7 +330,16 @@ def compress_sources(
     trie = Trie()
     ends = place_sessions(trie, sources, members)
     build = build_segment(
-        trie, 0, sources, ends, coder, canon, on_progress, members=members, on_session=on_session
+        trie,
+        0,
+        sources,
+        ends,
+        coder,
+        canon,
+        on_progress,
+        members=members,
+        on_session=on_session,
+        context=FRESH,  # a new file is format 1.6: version-2 tables
     )
     meta = {
         **(meta or {}),

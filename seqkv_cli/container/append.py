@@ -186,7 +186,7 @@ def _append(
         record = IndexRecord(slot.generation + 1, previous, None, sessions, tuple(sink.entries))
         old = current.header
         merged = dict(old, sessions=[*old["sessions"], *sessions])
-        raw = sink.encode_record(record, merged, strict=False, tables=current.tables)
+        raw = sink.encode_record(record, merged, strict=False, layout=current.layout)
         checkpoint("write", current.path)
         file.seek(sink.offset)
         file.write(raw)

@@ -19,13 +19,23 @@ FORMAT_MAJOR = 1
 # (container/compact.py), 1.3 compact codes for the portable-fx53-v2 numeric path, 1.4 binary
 # section tables in the full layout (index.py): a JSON row cost ~85 bytes a section, more than
 # the residual parts of a foreign cache themselves; 1.5 compact codes for the portable-fx53-v3
-# numeric path. FORMAT_MINOR is the newest minor this seqkv reads; whole files are written as
-# 1.4, appends keep the minor of the file they extend, compact files take the oldest minor
-# whose codes they use.
-FORMAT_MINOR = 5
+# numeric path; 1.6 binary records after the first (index.py). FORMAT_MINOR is the newest minor
+# this seqkv reads; whole files are written as 1.6, appends keep the minor of the file they
+# extend, compact files take the oldest minor whose codes they use.
+FORMAT_MINOR = 6
 FULL_LAYOUT_MINOR = 1  # JSON section tables, what seqkv before 0.4 writes and appends to
 TABLES_MINOR = 4
-LAYOUT_TABLES = 2  # byte 12 of a 1.4 full-layout file (1 is the compact layout)
+RECORDS_MINOR = 6
+# Byte 12 of a full-layout file: which encoding its index records use (1 is the compact
+# layout). 1.6 keeps 1.4's first record and writes every later one in binary: an agent's turn
+# appends a segment of a few dozen bytes of tokens, and 1.4's JSON part of a record (its
+# generation and the pointer to the record before, as JSON) was more than those tokens.
+LAYOUT_JSON, LAYOUT_TABLES, LAYOUT_RECORDS = 0, 2, 3
+LAYOUT_MINOR = {
+    LAYOUT_JSON: FULL_LAYOUT_MINOR,
+    LAYOUT_TABLES: TABLES_MINOR,
+    LAYOUT_RECORDS: RECORDS_MINOR,
+}
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
 SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc
 SLOT_SIZE = SLOT_BODY.size + 4  # + CRC32C of preamble and body
@@ -61,19 +71,20 @@ class Slot:
         return self.index_offset + self.index_length
 
 
-def encode_preamble(tables: bool = True) -> bytes:
-    """The 16 bytes a full-layout file starts with: 1.4 with binary section tables, or 1.1.
+def encode_preamble(layout: int = LAYOUT_RECORDS) -> bytes:
+    """The 16 bytes a full-layout file starts with: 1.6 (binary records), 1.4 or 1.1.
 
-    A nonzero byte 12 is what readers since 1.2 check before anything else, so a 1.2 or 1.3
-    seqkv refuses a 1.4 file as "written by a newer seqkv" instead of misreading its index."""
-    if tables:
-        return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, TABLES_MINOR, LAYOUT_TABLES)
-    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FULL_LAYOUT_MINOR, 0)
+    A nonzero byte 12 is what readers since 1.2 check before anything else, so an older seqkv
+    refuses a layout it does not know as "written by a newer seqkv" instead of misreading it."""
+    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, LAYOUT_MINOR[layout], layout)
 
 
-def has_binary_tables(head: bytes) -> bool:
-    """Whether a full-layout preamble says its index records hold binary section tables."""
-    return int.from_bytes(head[10:12], "little") >= TABLES_MINOR and head[12] == LAYOUT_TABLES
+def full_layout(head: bytes) -> int | None:
+    """The record encoding a full-layout preamble names (LAYOUT_*), None for any other."""
+    minor, layout = int.from_bytes(head[10:12], "little"), head[12]
+    if layout in (LAYOUT_TABLES, LAYOUT_RECORDS) and minor >= LAYOUT_MINOR[layout]:
+        return layout
+    return LAYOUT_JSON if layout == LAYOUT_JSON else None
 
 
 class VarintError(Exception):
@@ -118,10 +129,10 @@ def encode_slot(preamble: bytes, slot: Slot) -> bytes:
     return body + crc32c(preamble + body).to_bytes(4, "little")
 
 
-def encode_superblock(slot: Slot, tables: bool = True) -> bytes:
+def encode_superblock(slot: Slot, layout: int = LAYOUT_RECORDS) -> bytes:
     """A fresh superblock with `slot` filled in and the other slot empty (all zero)."""
     slots = [bytes(SLOT_SIZE), bytes(SLOT_SIZE)]
-    preamble = encode_preamble(tables)
+    preamble = encode_preamble(layout)
     slots[slot.number] = encode_slot(preamble, slot)
     return preamble + slots[0] + slots[1]
 

@@ -6,10 +6,14 @@ holds the caller's header; record N > 1 holds the sessions that append added and
 so with the chain of checksums every byte of a committed file is covered by some CRC32C, and
 an append costs index bytes proportional to what it adds, not to what the file holds.
 
-Two encodings of a record (docs/FORMAT.md, "Index records"): JSON with a JSON section table
-(format 1.1, the `tables=False` case), and from 1.4 the same JSON without `sections`, then a
-binary section table: names front-coded against the row before, offsets implied by the
-tiling, so a row costs ~10 bytes instead of ~85.
+Three encodings of a record (docs/FORMAT.md, "Index records"), named by the file's layout
+byte: JSON with a JSON section table (format 1.1, the `tables=False` case); from 1.4 the same
+JSON without `sections`, then a binary section table (names front-coded against the row
+before, offsets implied by the tiling, so a row costs ~10 bytes instead of ~85); and from 1.6
+every record after the first in binary too: the pointer to the record before is its length
+and CRC32C (its offset follows from the tiling), the generation is the record's place in the
+chain, and JSON is there only for the sessions a flat append adds. A trie append (one agent
+turn) then costs a few dozen bytes of index instead of ~130.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seqkv_cli.container.format import (
+    LAYOUT_JSON,
+    LAYOUT_RECORDS,
     SUPERBLOCK_SIZE,
     VarintError,
     decode_varint,
@@ -80,8 +86,10 @@ JSON_LENGTH_BYTES = 4  # a binary-table record starts with its JSON part's lengt
 ROW_MIN_BYTES = 4 + 4  # four varints of one byte and a CRC32C: the smallest row
 
 
-def encode_record(record: IndexRecord, tables: bool = False) -> bytes:
-    """Serialise a record as docs/FORMAT.md describes: all JSON, or JSON + a binary table."""
+def encode_record(record: IndexRecord, layout: int = LAYOUT_JSON) -> bytes:
+    """Serialise a record as docs/FORMAT.md describes for the file's `layout` (LAYOUT_*)."""
+    if layout == LAYOUT_RECORDS and record.previous is not None:
+        return _binary_record(record)
     obj: dict[str, Any] = {"generation": record.generation}
     if record.previous is None:
         obj["header"] = record.header
@@ -89,7 +97,7 @@ def encode_record(record: IndexRecord, tables: bool = False) -> bytes:
         prev = record.previous
         obj["previous"] = {"offset": prev.offset, "length": prev.length, "crc32c": prev.crc32c}
         obj["sessions"] = record.sessions
-    if tables:
+    if layout != LAYOUT_JSON:
         head = encode_json(obj)
         start = SUPERBLOCK_SIZE if record.previous is None else record.previous.end
         return len(head).to_bytes(JSON_LENGTH_BYTES, "little") + head + _table(record, start)
@@ -98,6 +106,16 @@ def encode_record(record: IndexRecord, tables: bool = False) -> bytes:
         for s in record.sections
     ]
     return encode_json(obj)
+
+
+def _binary_record(record: IndexRecord) -> bytes:
+    """Record N > 1 of a 1.6 file: [varint J, J bytes of JSON {"sessions": [...]}] (J = 0:
+    none), varint length and u32 CRC32C of record N - 1, then the binary section table."""
+    head = encode_json({"sessions": record.sessions}) if record.sessions else b""
+    prev = record.previous
+    assert prev is not None
+    out = encode_varint(len(head)) + head + encode_varint(prev.length)
+    return out + prev.crc32c.to_bytes(4, "little") + _table(record, prev.end)
 
 
 def _table(record: IndexRecord, start: int) -> bytes:
@@ -122,10 +140,14 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
     return min(len(a), len(b))
 
 
-def parse_record(raw: bytes, generation: int, where: Region, tables: bool = False) -> IndexRecord:
+def parse_record(
+    raw: bytes, generation: int, where: Region, layout: int = LAYOUT_JSON
+) -> IndexRecord:
     """Decode one record found at `where` (CRC already checked) and check its segment."""
+    if layout == LAYOUT_RECORDS and generation > 1:
+        return _parse_binary_record(raw, generation, where)
     table = None
-    if tables:
+    if layout != LAYOUT_JSON:
         if len(raw) < JSON_LENGTH_BYTES:
             raise SchemaViolation("an index record is shorter than its JSON length field")
         size = int.from_bytes(raw[:JSON_LENGTH_BYTES], "little")
@@ -166,24 +188,52 @@ def parse_record(raw: bytes, generation: int, where: Region, tables: bool = Fals
     return record
 
 
-class _Table:
-    """Bounded reads of a binary section table: nothing runs past its bytes."""
+def _parse_binary_record(raw: bytes, generation: int, where: Region) -> IndexRecord:
+    """Record N > 1 of a 1.6 file (see `_binary_record`): its segment ends where the record
+    starts, so the table's lengths say where the segment, and record N - 1, end."""
+    data = _Table(raw, "index record")
+    size = data.varint("its JSON length")
+    sessions: list[Any] = []
+    if size:
+        obj = decode_json(data.take(size, "its JSON part"))
+        if not isinstance(obj, dict) or set(obj) != {"sessions"}:
+            raise SchemaViolation(f"index record {generation}'s JSON must hold only 'sessions'")
+        sessions = obj["sessions"]
+        if not isinstance(sessions, list) or not sessions:
+            raise SchemaViolation(f"index record {generation} must list the sessions it adds")
+    length = data.varint("the length of the record before")
+    crc = int.from_bytes(data.take(4, "the CRC32C of the record before"), "little")
+    relative = _parse_table(raw[data.pos :], 0)
+    start = where.offset - sum(s.length for s in relative)
+    if start - length < SUPERBLOCK_SIZE:
+        raise SchemaViolation(
+            f"index record {generation}'s segment and the record before start before byte "
+            f"{SUPERBLOCK_SIZE}"
+        )
+    sections = tuple(SectionEntry(s.name, s.offset + start, s.length, s.crc32c) for s in relative)
+    previous = Region(start - length, length, crc)
+    _check_tiling(sections, start, where.offset, generation)
+    return IndexRecord(generation, previous, None, sessions, sections)
 
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
+
+class _Table:
+    """Bounded reads of a binary section table or record: nothing runs past its bytes."""
+
+    def __init__(self, data: bytes, kind: str = "section table") -> None:
+        self.data, self.pos, self.kind = data, 0, kind
 
     def varint(self, what: str) -> int:
         try:  # 9 bytes, 63 bits: every count, length and offset of the format fits
             value, self.pos = decode_varint(self.data, self.pos, 9)
         except VarintError as error:
             if error.truncated:
-                raise SchemaViolation(f"the section table ends inside {what}") from None
-            raise SchemaViolation(f"the section table's {what} is longer than 9 bytes") from None
+                raise SchemaViolation(f"the {self.kind} ends inside {what}") from None
+            raise SchemaViolation(f"the {self.kind}'s {what} is longer than 9 bytes") from None
         return value
 
     def take(self, n: int, what: str) -> bytes:
         if n > len(self.data) - self.pos:
-            raise SchemaViolation(f"the section table ends inside {what}")
+            raise SchemaViolation(f"the {self.kind} ends inside {what}")
         out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out

@@ -26,6 +26,7 @@ from seqkv_cli.container.format import (
     CRC_CHUNK,
     FORMAT_MAJOR,
     FORMAT_MINOR,
+    LAYOUT_JSON,
     MAGIC,
     MAX_INDEX_BYTES,
     PREAMBLE,
@@ -34,7 +35,7 @@ from seqkv_cli.container.format import (
     crc32c,
     decode_preamble,
     decode_slots,
-    has_binary_tables,
+    full_layout,
 )
 from seqkv_cli.container.index import (
     Catalog,
@@ -78,9 +79,10 @@ class ContainerReader(OpenFile):
             raise UnsupportedVersionError(
                 self.path, f"format {major}.{minor} is unknown; this seqkv reads {FORMAT_MAJOR}.x"
             )
-        # byte 12 names a layout from 1.2 on; 1.4's binary section tables are the full layout
-        self.tables = has_binary_tables(head)
-        if minor >= COMPACT_MINOR and head[12] != 0 and not self.tables:
+        # byte 12 names a layout from 1.2 on (before, it was reserved and never read); the full
+        # layout's index records are JSON, JSON + binary tables (1.4) or binary records (1.6)
+        layout = full_layout(head) if minor >= COMPACT_MINOR else LAYOUT_JSON
+        if layout is None:
             if minor > FORMAT_MINOR:
                 raise UnsupportedVersionError(
                     self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
@@ -89,6 +91,8 @@ class ContainerReader(OpenFile):
             raise UnsupportedVersionError(
                 self.path, f"its layout is {what}, not the full container layout read here"
             )
+        self.layout = layout
+        self.tables = layout != LAYOUT_JSON
         if len(head) < SUPERBLOCK_SIZE:
             raise TruncatedContainerError(self.path, "the file ends inside its superblock")
         valid, damaged = decode_slots(head)
@@ -142,7 +146,7 @@ class ContainerReader(OpenFile):
                     self.path, f"the header/index (record {generation}) checksum does not match"
                 )
             try:
-                record = parse_record(raw, generation, where, self.tables)
+                record = parse_record(raw, generation, where, self.layout)
             except SchemaViolation as error:
                 raise MalformedContainerError(self.path, f"invalid index: {error}") from None
             records.append(record)

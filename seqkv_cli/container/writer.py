@@ -22,6 +22,8 @@ from seqkv_cli.container.errors import (
     InvalidContainerInputError,
 )
 from seqkv_cli.container.format import (
+    LAYOUT_JSON,
+    LAYOUT_RECORDS,
     MAX_INDEX_BYTES,
     SUPERBLOCK_SIZE,
     Slot,
@@ -92,12 +94,12 @@ class SectionSink:
         return entry
 
     def encode_record(
-        self, record: IndexRecord, header: dict[str, Any], strict: bool, tables: bool
+        self, record: IndexRecord, header: dict[str, Any], strict: bool, layout: int
     ) -> bytes:
         """Check `header` (the merged one) against every section name, then serialise."""
         try:
             check_header(header, self.taken, strict=strict)
-            raw = encode_record(record, tables)
+            raw = encode_record(record, layout)
         except SchemaViolation as error:
             raise InvalidContainerInputError(self.path, str(error)) from None
         if len(raw) > MAX_INDEX_BYTES:
@@ -111,11 +113,15 @@ class ContainerWriter:
     """`add_section()` any number of times, then `finish(header)`; use it in a `with` block.
 
     `tables=False` writes a format 1.1 file (JSON section tables), which seqkv before 0.4
-    reads and appends to; the default, 1.4, is ~75 bytes a section smaller."""
+    reads and appends to; the default, 1.6, is ~75 bytes a section smaller, and each append to
+    it ~100 bytes smaller again. `layout` names another encoding (format.LAYOUT_*): the tests
+    write 1.4 files with it, as seqkv 0.4-0.5 did."""
 
-    def __init__(self, path: str | os.PathLike[str], tables: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], tables: bool = True, layout: int | None = None
+    ) -> None:
         self.path = os.fspath(path)
-        self.tables = tables
+        self.layout = (LAYOUT_RECORDS if tables else LAYOUT_JSON) if layout is None else layout
         try:  # the staging name removes what writers killed mid-write left beside it
             self._tmp = os.fspath(staging_name(Path(self.path)))
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -138,14 +144,14 @@ class ContainerWriter:
         with self._guard():
             file = self._live_file()
             record = IndexRecord(1, None, header, [], tuple(self._sink.entries))
-            raw = self._sink.encode_record(record, header, strict=True, tables=self.tables)
+            raw = self._sink.encode_record(record, header, strict=True, layout=self.layout)
             offset = self._sink.offset
             checkpoint("write", self._tmp)
             file.seek(offset)
             file.write(raw)
             file.seek(0)
             slot = Slot(0, 1, offset, len(raw), crc32c(raw))
-            file.write(encode_superblock(slot, self.tables))
+            file.write(encode_superblock(slot, self.layout))
             checkpoint("flush", self._tmp)
             file.flush()
             checkpoint("close", self._tmp)
@@ -209,9 +215,10 @@ def write_container(
     header: dict[str, Any],
     sections: Iterable[tuple[str, Buffer]],
     tables: bool = True,
+    layout: int | None = None,
 ) -> WriteResult:
     """Write `sections` (streamed from any iterable) and `header` to `path` atomically."""
-    with ContainerWriter(path, tables) as writer:
+    with ContainerWriter(path, tables, layout) as writer:
         for name, data in sections:
             writer.add_section(name, data)
         return writer.finish(header)

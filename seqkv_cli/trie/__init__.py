@@ -58,11 +58,19 @@ from seqkv_cli.trie.store import (
     session_entries,
     session_part,
 )
-from seqkv_cli.trie.tables import MAX_JSON_DEPTH, NAMES_BYTES_PER_SESSION, encode_tables, too_deep
+from seqkv_cli.trie.tables import (
+    FRESH,
+    MAX_JSON_DEPTH,
+    NAMES_BYTES_PER_SESSION,
+    TableContext,
+    encode_tables,
+    too_deep,
+)
 
 __all__ = [
     "COPY",
     "DELETE",
+    "FRESH",
     "INSERT",
     "MAX_JSON_DEPTH",
     "MAX_POSITIONS",
@@ -73,6 +81,7 @@ __all__ = [
     "PartReader",
     "SegmentBuild",
     "Source",
+    "TableContext",
     "Trie",
     "TrieContents",
     "align",

@@ -36,7 +36,7 @@ from seqkv_cli.trie.pervector import encode_pervector_segment, node_blocks, surp
 from seqkv_cli.trie.plan import PlanNode, Trie, insertion_order
 from seqkv_cli.trie.sources import Source
 from seqkv_cli.trie.store import TrieContents, part_name
-from seqkv_cli.trie.tables import Node, encode_tables
+from seqkv_cli.trie.tables import Node, TableContext, encode_tables
 from seqkv_codecs.sequential.node_stream import encode_node, intervals, token_check, verify_node
 from seqkv_codecs.sequential.probability import intervals_from_logits
 from seqkv_codecs.sequential.token_coder import uniform_row
@@ -84,10 +84,12 @@ def build_segment(
     archived: Callable | None = None,
     members: dict[int, int] | None = None,
     on_session: Callable | None = None,
+    context: TableContext | None = None,
 ) -> SegmentBuild:
     """The new nodes' parts and tables, coded by `coder`: under the model (`canon`) for a
     model codec, per-vector blocks otherwise (`archived(n)`: an archived node's K/V that a
-    new path extends). `first_new`: the first new node's number."""
+    new path extends). `first_new`: the first new node's number. `context`: the archive the
+    tables are written against (version 2), None for a version-1 table (an older file)."""
     if capabilities(coder).needs_canonical:
         refuse_out_of_vocab(sources, canon.vocab_size)
         build = encode_model_segment(
@@ -97,7 +99,7 @@ def build_segment(
         build = encode_pervector_segment(
             trie, first_new, sources, ends, coder, on_progress, archived
         )
-    build.parts["index"] = encode_tables(build.tables, first_new)
+    build.parts["index"] = encode_tables(build.tables, first_new, context)
     return build
 
 
@@ -107,10 +109,13 @@ def grow_segment(
     sources: list[Source],
     coder: SessionCodec | Codec,
     canon,
+    versioned: bool = True,
 ) -> SegmentBuild:
     """One more segment holding `sources`, on top of the archived trie `contents` (its node
     tokens read through `source`; `canon` is None for per-vector codecs): nothing archived is
-    decoded for `seq`, per-vector blocks only where a new path needs them."""
+    decoded for `seq`, per-vector blocks only where a new path needs them. `versioned`: its
+    tables are version 2, written against the archive (false for a file older than 1.6)."""
+    context = contents.context if versioned else None
     first_new = len(contents.nodes)
     steps = capabilities(coder).steps_model
     trie = Trie()
@@ -119,11 +124,13 @@ def grow_segment(
         trie.add(PlanNode(node.parent, node.attach, node.start, known, -1, node.n_tokens))
     if steps:
         build = _extend_seq(trie, sources, coder, canon, source)
-        build.parts["index"] = encode_tables(build.tables, first_new)
+        build.parts["index"] = encode_tables(build.tables, first_new, context)
         return build
     ends = place_sessions(trie, sources)
     archived = _archived_kv(contents, source, coder)
-    return build_segment(trie, first_new, sources, ends, coder, canon, None, archived)
+    return build_segment(
+        trie, first_new, sources, ends, coder, canon, None, archived, context=context
+    )
 
 
 def segment_sections(build: SegmentBuild, segment: int) -> list[tuple[str, bytes]]:

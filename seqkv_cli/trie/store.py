@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.trie.tables import NO_PPL, Node, SessionRecord, decode_tables
+from seqkv_cli.trie.tables import FRESH, NO_PPL, Node, SessionRecord, TableContext, decode_tables
 
 if TYPE_CHECKING:
     from seqkv_cli.container.compact_reader import CompactReader
@@ -61,6 +61,7 @@ class TrieContents:
     profiles: dict[tuple[int, int], dict]  # (segment, profile) -> profile
     segments: list[int]
     kv_blocks: int
+    context: TableContext = FRESH  # what a version-2 table of the next segment is written against
 
 
 def load_trie(
@@ -81,6 +82,7 @@ def load_trie(
     locals_: list[int] = []
     profiles: dict[tuple[int, int], dict] = {}
     kv_blocks = None
+    context = FRESH
     for k in segments:
         where = f"{path} segment {k}"
         if compact is not None:
@@ -88,7 +90,9 @@ def load_trie(
 
             tables = tables_of(compact, reader.sections[0].length)
         else:
-            tables = decode_tables(reader.read_section(part_name(k, "index")), len(nodes), where)
+            raw = reader.read_section(part_name(k, "index"))
+            tables = decode_tables(raw, len(nodes), where, context)
+        context = context.after(tables)
         if kv_blocks is not None and tables.kv_blocks != kv_blocks:
             raise SeqkvError(f"{where}: K/V block count differs from earlier segments")
         kv_blocks = tables.kv_blocks
@@ -129,7 +133,7 @@ def load_trie(
     ids = [s.id for s in sessions]
     if len(set(ids)) != len(ids):
         raise SeqkvError(f"{path}: a session id appears twice in the trie")
-    return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0)
+    return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0, context)
 
 
 def check_context(contents: TrieContents, max_context: int, path: Path | str) -> None:

@@ -4,10 +4,19 @@ JSON costs hundreds of bytes per session; a branch under a good model costs less
 so these tables are varints: a session that adds one branch costs about a dozen bytes beyond
 its coded tokens. Every field is checked on read; a damaged table raises SeqkvError naming
 what is wrong, never an IndexError.
+
+Version 1 repeats, in every segment, the profile (dtype, numeric path, shapes, capture
+metadata) and each session's name, zlib'd: ~230 bytes a segment, where an agent's turn of
+100 new tokens codes to ~60. Version 2 (format 1.6 files) writes a segment against the
+archive before it (`TableContext`): the profiles are "as the segment before" when they are,
+the creation time a signed number of seconds after the one before, and each session id the
+bytes it does not share with the id before it.
 """
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import json
 import struct
 import zlib
@@ -20,9 +29,17 @@ from seqkv_codecs.varint import decode_varint, encode_varint, zigzag_decode, zig
 
 MAGIC = b"SKTI"
 VERSION = 1
+VERSION_2 = 2  # a version-2 table starts with this byte instead of MAGIC
 NO_PPL = 0xFFFF  # log2 PP unknown (sessions of fewer than two tokens)
 _HEAD = struct.Struct("<4sBB")  # magic, version, flags
 FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in the segment)
+# version 2 only:
+FLAG_INHERITED = 2  # the profiles are the segment before's (none stored)
+FLAG_CREATED = 4  # a creation time: zigzag seconds after the segment before's
+FLAG_STRINGS = 8  # a zlib'd JSON block follows the ids (profiles, extras)
+FLAGS_2 = FLAG_PROFILES | FLAG_INHERITED | FLAG_CREATED | FLAG_STRINGS
+CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # seqkv_cli.clock writes these; others stay JSON
+MAX_CREATED = 1 << 40  # seconds: some 30,000 years, and a bound on a crafted delta
 # The session names and profiles are what a flat file keeps in its JSON index, so they get
 # the index's cap once inflated; a zlib bomb stops there instead of filling memory.
 # Within that cap, a segment's names may take 1 MiB plus 64 KiB per session it declares.
@@ -74,6 +91,64 @@ class SegmentTables:
     kv_blocks: int = 0
 
 
+@dataclass(frozen=True)
+class TableContext:
+    """What a version-2 segment table is written against and read with: the archive so far.
+
+    `FRESH` (a new file) shares nothing. `after(tables)` is the context of the next segment.
+    """
+
+    last_id: str = ""  # the id of the archive's newest session
+    profiles: tuple = ()  # the segment before's profiles, as it stored them
+    created: int = 0  # the segment before's creation time (Unix seconds; 0 if none)
+
+    def after(self, tables: SegmentTables) -> TableContext:
+        stored, created = stored_profiles(tables.profiles)
+        last = tables.sessions[-1].id if tables.sessions else self.last_id
+        return TableContext(last, tuple(stored), self.created if created is None else created)
+
+
+FRESH = TableContext()
+
+
+def stored_profiles(profiles: list[dict]) -> tuple[list[dict], int | None]:
+    """The profiles without their creation time, and that time, where every profile's capture
+    metadata holds the same one in seqkv's own format (else the profiles as they are)."""
+    times = {_meta(p).get("created") for p in profiles}
+    if len(times) != 1:
+        return profiles, None
+    (text,) = times
+    seconds = _seconds(text)
+    if seconds is None:
+        return profiles, None
+    bare = [
+        dict(p, capture_meta={k: v for k, v in _meta(p).items() if k != "created"})
+        for p in profiles
+    ]
+    return bare, seconds
+
+
+def _meta(profile: object) -> dict:
+    meta = profile.get("capture_meta") if isinstance(profile, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _seconds(text: object) -> int | None:
+    """Unix seconds of a `created` string that formats back to itself, else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        when = dt.datetime.strptime(text, CREATED_FORMAT).replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    seconds = int(when.timestamp())
+    return seconds if 0 < seconds < MAX_CREATED and _created(seconds) == text else None
+
+
+def _created(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime(CREATED_FORMAT)
+
+
 def _varint(value: int, out: bytearray) -> None:
     if value < 0:
         raise SeqkvError(f"internal: negative varint {value}")
@@ -102,10 +177,68 @@ class _Reader:
         return chunk
 
 
-def encode_tables(tables: SegmentTables, first_node: int) -> bytes:
-    """Serialise one segment's tables; `first_node` is the global index of its first node."""
+def encode_tables(
+    tables: SegmentTables, first_node: int, context: TableContext | None = None
+) -> bytes:
+    """Serialise one segment's tables; `first_node` is the global index of its first node.
+
+    With a `context` (a format 1.6 file) the table is version 2, written against the archive
+    before it; without, version 1 (files that older seqkv read and extend)."""
+    if context is not None:
+        return _encode_2(tables, first_node, context)
     flags = FLAG_PROFILES if len(tables.profiles) > 1 else 0
     out = bytearray(_HEAD.pack(MAGIC, VERSION, flags))
+    _counts_and_rows(tables, first_node, flags, out)
+    strings = {
+        "profiles": tables.profiles,
+        "sessions": [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions],
+    }
+    packed = zlib.compress(json.dumps(strings, separators=(",", ":")).encode(), 9)
+    _varint(len(packed), out)
+    return bytes(out + packed)
+
+
+def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> bytes:
+    stored, created = stored_profiles(tables.profiles)
+    inherited = bool(stored) and tuple(stored) == context.profiles
+    extras = [[j, r.extra] for j, r in enumerate(tables.sessions) if r.extra]
+    flags = FLAG_PROFILES if len(tables.profiles) > 1 else 0
+    flags |= FLAG_INHERITED if inherited else 0
+    flags |= 0 if created is None else FLAG_CREATED
+    flags |= FLAG_STRINGS if extras or not inherited else 0
+    out = bytearray([VERSION_2, flags])
+    if created is not None:
+        _varint(zigzag_encode(created - context.created), out)
+    _counts_and_rows(tables, first_node, flags, out)
+    before = context.last_id.encode()
+    for rec in tables.sessions:
+        name = rec.id.encode()
+        shared = _shared_prefix(before, name)
+        _varint(shared, out)
+        _varint(len(name) - shared, out)
+        out += name[shared:]
+        before = name
+    if flags & FLAG_STRINGS:
+        strings: dict = {} if inherited else {"profiles": stored}
+        if extras:
+            strings["extras"] = extras
+        packed = zlib.compress(json.dumps(strings, separators=(",", ":")).encode(), 9)
+        _varint(len(packed), out)
+        out += packed
+    return bytes(out)
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _counts_and_rows(tables: SegmentTables, first_node: int, flags: int, out: bytearray) -> None:
+    """The counts, the node table and the session table: the same in both versions."""
     for value in (len(tables.nodes), len(tables.sessions), tables.kv_blocks):
         _varint(value, out)
     for k, node in enumerate(tables.nodes):
@@ -129,29 +262,56 @@ def encode_tables(tables: SegmentTables, first_node: int) -> bytes:
         if flags & FLAG_PROFILES:
             _varint(rec.profile, out)
         previous = rec.end_node
-    strings = {
-        "profiles": tables.profiles,
-        "sessions": [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions],
-    }
-    packed = zlib.compress(json.dumps(strings, separators=(",", ":")).encode(), 9)
-    _varint(len(packed), out)
-    return bytes(out + packed)
 
 
-def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
+def decode_tables(
+    data: bytes, first_node: int, where: str, context: TableContext | None = None
+) -> SegmentTables:
     """Parse one segment's tables; node references must point at nodes that exist before.
 
     A session's `end` is -1 when it runs to the end of its node (resolved by the loader,
-    which knows nodes of earlier segments too).
+    which knows nodes of earlier segments too). A version-2 table is read against `context`
+    (the archive before it; FRESH for the first segment).
     """
     r = _Reader(bytes(data), where)
+    if r.data[:1] == bytes([VERSION_2]):
+        return _decode_2(r, first_node, FRESH if context is None else context)
     magic, version, flags = _HEAD.unpack(r.take(_HEAD.size))
     if magic != MAGIC:
+        if VERSION_2 < r.data[0] < 16:  # a later version byte, not damage
+            raise SeqkvError(f"{where}: trie table version {r.data[0]} is newer; upgrade seqkv")
         raise r.fail(f"magic {magic!r}")
     if version != VERSION:
         raise SeqkvError(f"{where}: trie table version {version} is newer; upgrade seqkv")
+    nodes, sessions, kv_blocks = _rows(r, first_node, flags)
+    try:
+        strings = json.loads(_inflate(r.take(r.varint()), _names_limit(len(sessions)), r))
+        profiles, rows = strings["profiles"], strings["sessions"]
+    except (zlib.error, ValueError, KeyError, TypeError, RecursionError):
+        raise r.fail("its session names do not decompress") from None
+    if too_deep(strings, MAX_JSON_DEPTH):
+        raise r.fail(f"its session names nest deeper than {MAX_JSON_DEPTH} levels")
+    if r.pos != len(r.data):
+        raise r.fail(f"{len(r.data) - r.pos} trailing bytes")
+    if not isinstance(profiles, list) or not isinstance(rows, list) or len(rows) != len(sessions):
+        raise r.fail("session names do not match the session count")
+    for rec, row in zip(sessions, rows, strict=True):
+        if not (isinstance(row, list) and row and isinstance(row[0], str) and row[0]):
+            raise r.fail("a session has no name")
+        rec.id = row[0]
+        rec.extra = row[1] if len(row) > 1 and isinstance(row[1], dict) else {}
+    _check_profiles(r, sessions, profiles)
+    return SegmentTables(nodes, sessions, profiles, kv_blocks)
+
+
+def _names_limit(n_sessions: int) -> int:
+    return min(MAX_NAMES_BYTES, NAMES_BYTES_BASE + NAMES_BYTES_PER_SESSION * n_sessions)
+
+
+def _rows(r: _Reader, first_node: int, flags: int) -> tuple[list[Node], list[SessionRecord], int]:
+    """The counts, node table and session table (both versions); ids are filled in later."""
     n_nodes, n_sessions, kv_blocks = r.varint(), r.varint(), r.varint()
-    if max(n_nodes, n_sessions, kv_blocks) > len(data):
+    if max(n_nodes, n_sessions, kv_blocks) > len(r.data):
         raise r.fail("impossible counts")
     nodes = []
     for k in range(n_nodes):
@@ -176,25 +336,71 @@ def decode_tables(data: bytes, first_node: int, where: str) -> SegmentTables:
         profile = r.varint() if flags & FLAG_PROFILES else 0
         sessions.append(SessionRecord("", end_node, -1 if end is None else end, ppl, profile))
         previous = end_node
-    try:
-        limit = min(MAX_NAMES_BYTES, NAMES_BYTES_BASE + NAMES_BYTES_PER_SESSION * n_sessions)
-        strings = json.loads(_inflate(r.take(r.varint()), limit, r))
-        profiles, rows = strings["profiles"], strings["sessions"]
-    except (zlib.error, ValueError, KeyError, TypeError, RecursionError):
-        raise r.fail("its session names do not decompress") from None
-    if too_deep(strings, MAX_JSON_DEPTH):
-        raise r.fail(f"its session names nest deeper than {MAX_JSON_DEPTH} levels")
+    return nodes, sessions, kv_blocks
+
+
+def _check_profiles(r: _Reader, sessions: list[SessionRecord], profiles: object) -> None:
+    for rec in sessions:
+        if (
+            not isinstance(profiles, list)
+            or not 0 <= rec.profile < len(profiles)
+            or not isinstance(profiles[rec.profile], dict)
+        ):
+            raise r.fail(f"session {rec.id!r} names a missing profile")
+
+
+def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTables:
+    r.take(1)
+    flags = r.take(1)[0]
+    if flags & ~FLAGS_2:
+        raise r.fail(f"unknown flags {flags:#04x}")
+    created = None
+    if flags & FLAG_CREATED:
+        created = context.created + zigzag_decode(r.varint())
+        if not 0 < created < MAX_CREATED:
+            raise r.fail("its creation time is out of range")
+    nodes, sessions, kv_blocks = _rows(r, first_node, flags)
+    before, budget = context.last_id.encode(), _names_limit(len(sessions))
+    for rec in sessions:
+        shared, size = r.varint(), r.varint()
+        if shared > len(before) or shared + size > NAMES_BYTES_PER_SESSION:
+            raise r.fail("a session name is longer than the name before it allows")
+        name = before[:shared] + r.take(size)
+        budget -= len(name)
+        if not name or budget < 0:
+            raise r.fail("a session has no name" if not name else "its session names are too long")
+        try:
+            rec.id = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise r.fail("a session name is not UTF-8") from None
+        before = name
+    strings: dict = {}
+    if flags & FLAG_STRINGS:
+        try:
+            strings = json.loads(_inflate(r.take(r.varint()), _names_limit(len(sessions)), r))
+        except (zlib.error, ValueError, RecursionError):
+            raise r.fail("its profiles do not decompress") from None
+        if not isinstance(strings, dict) or too_deep(strings, MAX_JSON_DEPTH):
+            raise r.fail(f"its profiles are not an object nesting at most {MAX_JSON_DEPTH} levels")
     if r.pos != len(r.data):
         raise r.fail(f"{len(r.data) - r.pos} trailing bytes")
-    if not isinstance(profiles, list) or not isinstance(rows, list) or len(rows) != n_sessions:
-        raise r.fail("session names do not match the session count")
-    for rec, row in zip(sessions, rows, strict=True):
-        if not (isinstance(row, list) and row and isinstance(row[0], str) and row[0]):
-            raise r.fail("a session has no name")
-        rec.id = row[0]
-        rec.extra = row[1] if len(row) > 1 and isinstance(row[1], dict) else {}
-        if not 0 <= rec.profile < len(profiles) or not isinstance(profiles[rec.profile], dict):
-            raise r.fail(f"session {rec.id!r} names a missing profile")
+    if bool(flags & FLAG_INHERITED) == ("profiles" in strings):
+        raise r.fail("its profiles are both inherited and stored, or neither")
+    inherited = flags & FLAG_INHERITED
+    profiles = copy.deepcopy(list(context.profiles)) if inherited else strings["profiles"]
+    _check_profiles(r, sessions, profiles)
+    for row in strings.get("extras", []):
+        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)):
+            raise r.fail("a session's metadata is not [index, object]")
+        local = row[0]
+        if isinstance(local, bool) or not isinstance(local, int) or not 0 <= local < len(sessions):
+            raise r.fail("metadata names a session the segment does not hold")
+        if sessions[local].extra:
+            raise r.fail("a session's metadata is given twice")
+        sessions[local].extra = row[1]
+    if created is not None:
+        stamp = _created(created)
+        profiles = [dict(p, capture_meta=dict(_meta(p), created=stamp)) for p in profiles]
     return SegmentTables(nodes, sessions, profiles, kv_blocks)
 
 

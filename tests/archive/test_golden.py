@@ -176,3 +176,35 @@ def test_binary_table_golden_restores_every_session_bit_for_bit(name):
         for entry in arc.sessions:
             restored = arc.restore(entry)
             assert same_capture(restored, load_capture(captures[entry["id"]])), entry["id"]
+
+
+RECORDS_GOLDEN = SEQ_GOLDEN.parent / "records-v1"
+RECORDS_FILES = json.loads((RECORDS_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS_FILES))
+def test_binary_record_golden_restores_every_session_bit_for_bit(name):
+    """Format 1.6 (binary records after the first, trie tables version 2, seqkv 0.6): a trie
+    grown by `archive add`, and an agent's three turns kept through the library API (later
+    segments inherit their profile; creation times as seconds after the one before)."""
+    from seqkv_cli.archive import same_capture
+
+    want = RECORDS_FILES[name]
+    path = RECORDS_GOLDEN / f"{name}.skv"
+    assert path.stat().st_size == want["bytes"]
+    captures = SEQ_GOLDEN.parent / "seq-portable-v3" / "captures"
+    with Archive(path, model=str(SEQ_GOLDEN / "model")) as arc:
+        assert arc.reader.version == (1, 6) and arc.reader.generation == len(want["sessions"])
+        indexes = [arc.reader.read_section(f"t{k}/index") for k in (1, 2)]
+        assert all(raw[:1] == b"\x02" for raw in indexes)  # trie tables version 2
+        assert [e["id"] for e in arc.sessions] == want["sessions"]
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    if name == "seq-appended":
+        for sid, cap in restored.items():
+            assert same_capture(cap, load_capture(captures / f"{sid}.safetensors")), sid
+        return
+    tokens = load_capture(captures / "b.safetensors").tokens
+    created = [arc_entry["capture_meta"].get("created") for arc_entry in arc.sessions]
+    assert created[1:] == ["2026-11-30T00:53:34Z", "2026-11-30T00:53:41Z"]
+    for sid, cut in zip(want["sessions"], want["tokens"], strict=True):
+        assert restored[sid].tokens.tolist() == tokens[:cut].tolist(), sid

@@ -303,9 +303,9 @@ def mutate_tables(rng, header, sections):
     else:
         return mutate_names(rng, header, sections)
     try:
-        from seqkv_cli.trie.tables import encode_tables
+        from seqkv_cli.trie.tables import FRESH, encode_tables
 
-        sections[name] = encode_tables(tables, 0)
+        sections[name] = encode_tables(tables, 0, FRESH)
     except (SeqkvError, OverflowError, IndexError, MemoryError):
         return mutate_raw_index(rng, header, sections)
     return f"tables {what}"

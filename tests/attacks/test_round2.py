@@ -142,7 +142,7 @@ def test_a_compact_header_contradicting_its_tensors_is_refused(
 
 def test_a_trie_profile_contradicting_its_tensors_is_refused(tmp_path, tiny_lm, tiny_model_dir):
     from forge import put_together, read_tables, take_apart
-    from seqkv_cli.trie.tables import encode_tables
+    from seqkv_cli.trie.tables import FRESH, encode_tables
 
     capture = _capture_file(tiny_lm, tmp_path)
     path = tmp_path / "trie.skv"
@@ -152,7 +152,7 @@ def test_a_trie_profile_contradicting_its_tensors_is_refused(tmp_path, tiny_lm, 
     name = next(n for n in sections if n.endswith("/index"))
     tables = read_tables(sections[name])
     tables.profiles[0]["shapes"]["num_kv_heads"] += 3
-    sections[name] = encode_tables(tables, 0)
+    sections[name] = encode_tables(tables, 0, FRESH)
     path.write_bytes(put_together(header, sections))
     out = tmp_path / "out"
     result = invoke("decompress", path, "-o", out, "--model", tiny_model_dir)

@@ -15,6 +15,7 @@ import torch
 
 BENCHES = [
     "studies.agent_memory",
+    "studies.agent_turns",
     "studies.codecs",
     "studies.delta_topk",
     "studies.entropy",
@@ -224,6 +225,17 @@ def test_foreign_residual(model, tmp_path):
 def test_agent_memory(model, tmp_path):
     out = run_bench("studies.agent_memory", ["--model", model, "--max-tokens", "1100"], tmp_path)
     assert out["turns"] and out["restore"]["own_cache_bit_exact"]
+
+
+def test_agent_turns(model, tmp_path):
+    out = run_bench(
+        "studies.agent_turns", ["--model", model, "--turns", "3", "--turn-tokens", "40"], tmp_path
+    )
+    turns, summary = out["turns"], out["summary"]
+    assert [t["tokens"] for t in turns] == [40, 80, 120] and summary["tokens_exact"]
+    # each turn's growth is its coded tokens and its framing, and the third a segment only
+    assert all(t["growth_bytes"] == t["coded_bytes"] + t["framing_bytes"] for t in turns)
+    assert 0 < turns[2]["framing_bytes"] < 80
 
 
 @pytest.mark.slow

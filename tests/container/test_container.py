@@ -36,12 +36,16 @@ from seqkv_cli.container import (
 )
 from seqkv_cli.container.format import (
     FULL_LAYOUT_MINOR,
+    LAYOUT_JSON,
+    LAYOUT_RECORDS,
     LAYOUT_TABLES,
+    RECORDS_MINOR,
     SLOT_OFFSETS,
     SUPERBLOCK_SIZE,
     TABLES_MINOR,
     Slot,
     crc32c,
+    decode_varint,
     encode_slot,
     encode_varint,
 )
@@ -131,18 +135,26 @@ def leftovers(directory: Path) -> list[str]:
 # --- round trips -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("tables", "minor"), [(True, TABLES_MINOR), (False, FULL_LAYOUT_MINOR)])
-def test_round_trip_is_exact(tmp_path: Path, tables: bool, minor: int) -> None:
+LAYOUTS = [
+    (LAYOUT_RECORDS, RECORDS_MINOR),
+    (LAYOUT_TABLES, TABLES_MINOR),
+    (LAYOUT_JSON, FULL_LAYOUT_MINOR),
+]
+
+
+@pytest.mark.parametrize(("layout", "minor"), LAYOUTS)
+def test_round_trip_is_exact(tmp_path: Path, layout: int, minor: int) -> None:
     header, sections = sample()
     path = tmp_path / "a.skv"
-    result = write_container(path, header, sections, tables=tables)
+    tables = layout != LAYOUT_JSON
+    result = write_container(path, header, sections, layout=layout)
     assert result.file_bytes == path.stat().st_size
     assert result.section_bytes == sum(len(d) for _, d in sections)
     assert result.generation == 1
     assert leftovers(tmp_path) == ["a.skv"]
     with open_container(path) as container:
         assert container.version == (1, minor)
-        assert container.tables is tables
+        assert container.tables is tables and container.layout == layout
         assert container.generation == 1
         assert json.dumps(container.header) == json.dumps(header)  # same values, same order
         assert container.header["meta"]["big"] == 2**70
@@ -222,12 +234,10 @@ def test_newer_major_version_is_refused(tmp_path: Path) -> None:
     expect(UnsupportedVersionError, lambda: open_container(path), "format 0.3 is unknown")
 
 
-@pytest.mark.parametrize(("tables", "layout"), [(False, 0), (True, LAYOUT_TABLES)])
-def test_newer_minor_version_is_read_but_not_appended_to(
-    tmp_path: Path, tables: bool, layout: int
-) -> None:
+@pytest.mark.parametrize("layout", [LAYOUT_JSON, LAYOUT_TABLES, LAYOUT_RECORDS])
+def test_newer_minor_version_is_read_but_not_appended_to(tmp_path: Path, layout: int) -> None:
     path = tmp_path / "a.skv"
-    write_sample(path, tables)
+    write_container(path, *sample(), layout=layout)
     data = path.read_bytes()
     preamble = data[:8] + struct.pack("<HHI", 1, 7, layout)
     with open_container(path) as container:
@@ -372,7 +382,8 @@ def test_the_binary_table_is_what_docs_format_md_specifies(tmp_path: Path) -> No
     header = {"pipeline": [], "model": None, "sessions": []}
     write_container(path, header, [("s0/tokens", b"abc"), ("s0/trie", b"")])
     data = path.read_bytes()
-    assert data[8:16] == bytes([1, 0, 4, 0, 2, 0, 0, 0])  # 1.4, byte 12 = 2
+    assert data[8:16] == bytes([1, 0, 6, 0, 3, 0, 0, 0])  # 1.6, byte 12 = 3
+    # (record 1 is encoded as in 1.4: 1.6 changed only the records appends write)
     record = data[80 + 3 :]
     json_part = b'{"generation":1,"header":{"pipeline":[],"model":null,"sessions":[]}}'
     table = rows(row(0, b"s0/tokens", 3, crc32c(b"abc")), row(4, b"rie", 0, crc32c(b"")))
@@ -415,10 +426,10 @@ def test_malformed_binary_table_with_valid_checksum(
 
 
 def test_an_old_file_takes_appends_in_its_own_format(tmp_path: Path) -> None:
-    """Appending to a 1.1 file keeps it 1.1 (JSON records), so older seqkv still reads it."""
-    for tables, minor in ((False, FULL_LAYOUT_MINOR), (True, TABLES_MINOR)):
-        path = tmp_path / f"{tables}.skv"
-        write_sample(path, tables)
+    """Appending to a 1.1 or 1.4 file keeps its encoding, so older seqkv still reads it."""
+    for layout, minor in LAYOUTS:
+        path = tmp_path / f"{layout}.skv"
+        write_container(path, *sample(), layout=layout)
         append_sessions(path, [session("s9", ["s9/x"])], [("s9/x", b"ninth")])
         data = path.read_bytes()
         with open_container(path) as container:
@@ -426,7 +437,14 @@ def test_an_old_file_takes_appends_in_its_own_format(tmp_path: Path) -> None:
             assert container.read_section("s9/x") == b"ninth"
             assert container.read_section("s1/鍵🔑") == BIG
             newest = data[container.slot.index_offset :]
-        assert newest.startswith(b"{") is not tables  # a 1.4 record starts with its JSON length
+        if layout == LAYOUT_JSON:
+            assert newest.startswith(b'{"generation":2,')
+        elif layout == LAYOUT_TABLES:  # a 1.4 record starts with its JSON part's u32 length
+            assert newest[4:].startswith(b'{"generation":2,')
+        else:  # 1.6: a varint length, then only the sessions the append adds, as JSON
+            size, start = decode_varint(newest, 0, 9)
+            assert newest[start : start + size].startswith(b'{"sessions":[{"id":"s9",')
+            assert b"generation" not in newest and b"previous" not in newest
 
 
 def test_damaged_spare_slot_opens_but_fails_verify(tmp_path: Path) -> None:

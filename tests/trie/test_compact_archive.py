@@ -78,7 +78,7 @@ def test_archive_add_expands_a_compact_file_and_keeps_its_token_bytes(caps, tiny
     result = invoke("archive", "add", path, caps[1], "--model", tiny_lm.folder)
     assert result.exit_code == 0, result.output
     with open_container(path) as reader:
-        assert not isinstance(reader, CompactReader) and reader.version == (1, 4)
+        assert not isinstance(reader, CompactReader) and reader.version == (1, 6)
         assert reader.read_section("t1/tokens") == payload  # nothing was re-encoded
         assert reader.header["model"]["fingerprint"] == tiny_lm.fingerprint  # named whole
     assert_exact(path, tiny_lm, caps[:2])

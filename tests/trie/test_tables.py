@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import zlib
+
 import pytest
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.tables import (
+    FRESH,
     MAGIC,
     VERSION,
     Node,
     SegmentTables,
     SessionRecord,
+    TableContext,
     decode_tables,
     encode_tables,
 )
+from seqkv_codecs.varint import encode_varint
 
 
 def _tables() -> SegmentTables:
@@ -53,3 +59,195 @@ def test_truncated_and_overlong_numbers_are_refused():
 def test_negative_numbers_are_an_internal_error():
     with pytest.raises(SeqkvError, match="internal: negative varint"):
         encode_tables(SegmentTables([Node(-1, -1, 1, 0, 0)], [], [{}]), 0)
+
+
+# --- version 2: written against the archive before it (format 1.6) ------------------------
+
+
+PROFILE = {
+    "dtype": "bf16",
+    "numeric_path": "portable-fx53-v3",
+    "shapes": {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64},
+    "capture_meta": {"versions": {"seqkv": "0.6.0"}},
+}
+
+
+def _turn(k: int, created: str, extra: dict | None = None) -> SegmentTables:
+    """Turn k of an agent: one node of 100 tokens under the node before, one session."""
+    node = Node(-1, 0, 100, 60, 7) if k == 0 else Node(k - 1, 100, 100, 60, 7)
+    session = SessionRecord(f"run-7/turn-{k + 1}", k, 100, 4200, 0, extra or {})
+    profile = dict(PROFILE, capture_meta=dict(PROFILE["capture_meta"], created=created))
+    return SegmentTables([node], [session], [profile])
+
+
+def _grow(turns: list[SegmentTables]) -> tuple[list[bytes], list[SegmentTables]]:
+    """Encode turn after turn against the archive so far, then read them back the same way."""
+    written, context = [], FRESH
+    for k, tables in enumerate(turns):
+        written.append(encode_tables(tables, k, context))
+        context = context.after(tables)
+    read, context = [], FRESH
+    for k, data in enumerate(written):
+        read.append(decode_tables(data, k, f"segment {k + 1}", context))
+        context = context.after(read[-1])
+    return written, read
+
+
+def test_a_turn_costs_about_twenty_bytes_and_reads_back_whole():
+    times = ["2026-12-06T02:27:19Z", "2026-12-06T02:27:25Z", "2026-12-06T02:29:01Z"]
+    turns = [_turn(k, t) for k, t in enumerate(times)] + [_turn(3, times[2], {"meta": {"a": 1}})]
+    written, read = _grow(turns)
+    assert written[0][:1] == bytes([2]) and not written[0].startswith(MAGIC)
+    # version, flags (inherited, created), +6 s, counts 1/1/0, node (back 1, attach 100,
+    # 100 tokens, payload 60, check 7), session (zigzag(1) * 2 = 4, ppl 4200), id: 11 shared, "2"
+    assert written[1] == bytes.fromhex("02 06 0c 010100 01 64 64 3c 0700 04 6810 0b 01 32")
+    assert len(written[2]) == len(written[1]) + 1  # 96 s is two bytes of delta
+    assert len(written[0]) > 60  # the first segment stores its profile
+    for want, got in zip(turns, read, strict=True):
+        # -1: the session runs to its node's end (the loader resolves it)
+        assert [(s.id, s.end_node, s.end, s.log2_ppl_milli, s.extra) for s in got.sessions] == [
+            (s.id, s.end_node, -1, s.log2_ppl_milli, s.extra) for s in want.sessions
+        ]
+        assert got.profiles == want.profiles  # the creation time is back in capture_meta
+        assert [(n.parent, n.attach, n.n_tokens, n.payload, n.check) for n in got.nodes] == [
+            (n.parent, n.attach, n.n_tokens, n.payload, n.check) for n in want.nodes
+        ]
+
+
+def test_profiles_are_stored_again_when_they_change():
+    other = _turn(1, "2026-12-06T02:27:25Z")
+    other.profiles[0]["dtype"] = "fp32"
+    written, read = _grow([_turn(0, "2026-12-06T02:27:19Z"), other])
+    assert written[1][1] & 8 and not written[1][1] & 2  # strings stored, nothing inherited
+    assert read[1].profiles[0]["dtype"] == "fp32"
+
+
+def test_times_seqkv_did_not_write_stay_in_the_json():
+    for created in ("2026-12-06 02:27:19", "2026-12-06T02:27:19.5Z", 17, None):
+        tables = _turn(0, "x")
+        tables.profiles[0]["capture_meta"]["created"] = created
+        (data,), (back,) = _grow([tables])
+        assert not data[1] & 4
+        assert back.profiles == tables.profiles
+
+
+def test_ids_share_bytes_with_the_id_before_across_segments():
+    context = TableContext(last_id="agent/ü/turn-9")
+    tables = SegmentTables(
+        [Node(-1, 0, 3, 1, 0)],
+        [SessionRecord("agent/ü/turn-10", 0, 3), SessionRecord("b", 0, 2)],
+        [{"shapes": {}}],
+    )
+    back = decode_tables(encode_tables(tables, 0, context), 0, "x", context)
+    assert [s.id for s in back.sessions] == ["agent/ü/turn-10", "b"]
+
+
+def _damaged(data: bytes, context: TableContext = FRESH) -> str:
+    with pytest.raises(SeqkvError) as info:
+        decode_tables(data, 0, "x", context)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_every_truncation_and_flag_of_a_version_2_table_is_refused_in_one_line():
+    (first,), _ = _grow([_turn(0, "2026-12-06T02:27:19Z", {"meta": {"k": [1, 2]}})])
+    for size in range(len(first)):
+        assert "trie table is damaged" in _damaged(first[:size])
+    assert "unknown flags 0x1c" in _damaged(first[:1] + bytes([first[1] | 16]) + first[2:])
+    assert "3 is newer; upgrade seqkv" in _damaged(bytes([3]) + first[1:])
+    assert "trailing bytes" in _damaged(first + b"\x00")
+
+
+def _raw(flags: int, *fields: bytes) -> bytes:
+    return bytes([2, flags]) + b"".join(fields)
+
+
+ONE_NODE = bytes.fromhex("010100 00 00 05 00 0000")  # counts 1/1/0, a root of 5 tokens
+ONE_SESSION = bytes.fromhex("04 ffff")  # ends at the root's end, no log2 PP
+
+
+DEEP = json.loads("[" * 40 + "]" * 40)
+
+
+def _strings(obj: object) -> bytes:
+    packed = zlib.compress(json.dumps(obj).encode())
+    return bytes([len(packed)]) + packed
+
+
+@pytest.mark.parametrize(
+    ("data", "context", "words"),
+    [
+        (_raw(8, ONE_NODE, ONE_SESSION, b"\x03\x01a"), TableContext("ab"), "longer than the name"),
+        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x00"), FRESH, "has no name"),
+        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x02\xff\xfe"), FRESH, "not UTF-8"),
+        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({})), FRESH, "or neither"),
+        (
+            _raw(10, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({"profiles": [{}]})),
+            TableContext(profiles=({},)),
+            "both inherited and stored",
+        ),
+        (_raw(2, ONE_NODE, ONE_SESSION, b"\x00\x01a"), FRESH, "names a missing profile"),
+        (
+            _raw(
+                8,
+                ONE_NODE,
+                ONE_SESSION,
+                b"\x00\x01a",
+                _strings({"profiles": [{}], "extras": [[1, {}]]}),
+            ),
+            FRESH,
+            "does not hold",
+        ),
+        (
+            _raw(
+                8,
+                ONE_NODE,
+                ONE_SESSION,
+                b"\x00\x01a",
+                _strings({"profiles": [{}], "extras": [[0, {"a": 1}], [0, {"b": 2}]]}),
+            ),
+            FRESH,
+            "given twice",
+        ),
+        (
+            _raw(
+                8,
+                ONE_NODE,
+                ONE_SESSION,
+                b"\x00\x01a",
+                _strings({"profiles": [{}], "extras": [[True, {}]]}),
+            ),
+            FRESH,
+            "does not hold",
+        ),
+        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings([])), FRESH, "not an object"),
+        (
+            _raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({"profiles": DEEP})),
+            FRESH,
+            "nesting at most",
+        ),
+        (
+            _raw(12, b"\x01", ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({"profiles": [{}]})),
+            FRESH,
+            "creation time is out of range",
+        ),
+    ],
+)
+def test_a_version_2_table_with_hostile_fields_is_refused(data, context, words):
+    assert words in _damaged(data, context)
+
+
+def test_a_zlib_bomb_in_version_2_strings_stops_at_the_cap():
+    bomb = zlib.compress(b" " * (64 << 20), 9)
+    data = _raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", encode_varint(len(bomb)), bomb)
+    assert "inflate past" in _damaged(data)
+
+
+def test_an_id_cannot_grow_past_64_kib_by_sharing():
+    """Each id may repeat all of the one before: a chain of them stops at 64 KiB an id."""
+    n = 70
+    counts = encode_varint(1) + encode_varint(n) + b"\x00" + bytes.fromhex("00 00 05 00 0000")
+    sessions = bytes.fromhex("04 ffff") + bytes.fromhex("00 ffff") * (n - 1)
+    ids = b"".join(encode_varint(1000 * k) + encode_varint(1000) + b"b" * 1000 for k in range(n))
+    assert "longer than the name before it allows" in _damaged(_raw(8, counts, sessions, ids))
