@@ -1,0 +1,140 @@
+"""An agent's turns through the library API: what each `add` costs beyond its coded tokens.
+
+A long conversation (the chats of sample_data/chats.jsonl as one session, through the chat
+template) is kept turn by turn, tokens only: turn k is `arc.add` of its first k x
+--turn-tokens ids, so each turn adds that many new tokens to the session before it. Reported
+per turn: the file's growth, the turn's coded tokens (the bytes of its segment's token
+stream; the whole payload of the first turn's compact file) and the rest, its framing (index
+record, segment table). Issue 40 asks for growth <= 1.2 x coded tokens + 48 B (median over
+the turns) and, for one session alone, <= its coded tokens + 150 B. The last turn is loaded
+back and its tokens compared.
+
+    python -m bench.studies.agent_turns --turns 50 --append docs/BENCHMARKS_LOG.md
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench import harness
+from bench.harness import SAMPLE, timed
+from bench.table import table
+
+
+def conversation(tokenizer, n: int) -> list[int]:
+    """At least `n` ids of one chat: every message of the sample chats, in order."""
+    messages = []
+    for line in (SAMPLE / "chats.jsonl").read_text().splitlines():
+        messages += json.loads(line)["messages"]
+        ids = tokenizer.apply_chat_template(messages, tokenize=True)
+        ids = list(getattr(ids, "input_ids", ids))
+        if len(ids) >= n:
+            return ids[:n]
+    raise SystemExit(f"the sample chats hold {len(ids)} tokens, fewer than {n}")
+
+
+def coded_bytes(path: Path) -> int:
+    """Bytes of the newest segment's token stream (a compact file's payload)."""
+    from seqkv_cli.container import open_container
+
+    with open_container(path) as reader:
+        generation = getattr(reader, "generation", 1)
+        return next(s.length for s in reader.sections if s.name == f"t{generation}/tokens")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = harness.parser(__doc__)
+    parser.add_argument("--turns", type=int, default=50)
+    parser.add_argument("--turn-tokens", type=int, default=100)
+    args = parser.parse_args(argv)
+    import seqkv_cli as seqkv
+
+    lm = harness.start(args)
+    ids = conversation(lm.tokenizer, args.turns * args.turn_tokens)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "agent.skv"
+        with seqkv.open_archive(path, model=lm) as arc:
+            for k in range(1, args.turns + 1):
+                report, seconds = timed(
+                    lambda k=k: arc.add(f"run-7/turn-{k}", ids[: k * args.turn_tokens])
+                )
+                coded = coded_bytes(path)
+                rows.append(
+                    {
+                        "turn": k,
+                        "tokens": k * args.turn_tokens,
+                        "new_tokens": report.new_tokens,
+                        "growth_bytes": report.added_bytes,
+                        "coded_bytes": coded,
+                        "framing_bytes": report.added_bytes - coded,
+                        "add_seconds": round(seconds, 1),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+            last = f"run-7/turn-{args.turns}"
+            cache, load_seconds = timed(lambda: arc.load(last))
+            tokens_ok = arc.tokens(last) == ids[: args.turns * args.turn_tokens]
+        file_bytes = path.stat().st_size
+    later = rows[1:]  # turn 1 is a compact file, turn 2 rewrites it in the full layout
+    summary = {
+        "file_bytes": file_bytes,
+        "coded_bytes_all": sum(r["coded_bytes"] for r in rows),
+        "median_growth": statistics.median(r["growth_bytes"] for r in rows),
+        "median_coded": statistics.median(r["coded_bytes"] for r in rows),
+        "median_framing": statistics.median(r["framing_bytes"] for r in rows),
+        "median_framing_after_2": statistics.median(r["framing_bytes"] for r in later[1:]),
+        "median_ratio_target": statistics.median(
+            r["growth_bytes"] / (1.2 * r["coded_bytes"] + 48) for r in rows
+        ),
+        "one_session_framing": rows[0]["framing_bytes"],
+        "load_seconds": round(load_seconds, 1),
+        "load_positions": cache.get_seq_length(),
+        "tokens_exact": tokens_ok,
+    }
+    if not tokens_ok:
+        raise SystemExit("the last turn did not give its tokens back")
+    return harness.finish(args, lm, markdown, turns=rows, summary=summary)
+
+
+def markdown(result: dict) -> str:
+    rows, s = result["turns"], result["summary"]
+    shown = [r for r in rows if r["turn"] <= 3 or r["turn"] % 10 == 0 or r is rows[-1]]
+    lines = [
+        *harness.heading(
+            "An agent's turns through the library API (`bench/studies/agent_turns.py`)", result
+        ),
+        *table(
+            ["turn", "tokens", "file growth", "coded tokens", "framing", "add"],
+            [
+                [
+                    r["turn"],
+                    f"{r['tokens']:,}",
+                    f"{r['growth_bytes']:,} B",
+                    f"{r['coded_bytes']:,} B",
+                    f"{r['framing_bytes']:,} B",
+                    f"{r['add_seconds']} s",
+                ]
+                for r in shown
+            ],
+            align="rrrrrr",
+        ),
+        "",
+        f"{len(rows)} turns: median growth {s['median_growth']:,} B a turn for "
+        f"{s['median_coded']:,} B of coded tokens (framing {s['median_framing']:,} B; from the "
+        f"third turn {s['median_framing_after_2']:,} B); median growth / (1.2 x coded + 48 B) = "
+        f"{s['median_ratio_target']:.2f} (issue 40 asks <= 1). One session alone (a compact "
+        f"file): {s['one_session_framing']} B beyond its coded tokens. The file: "
+        f"{s['file_bytes']:,} B for {s['coded_bytes_all']:,} B of coded tokens. Loading the "
+        f"last turn ({s['load_positions']:,} positions): {s['load_seconds']} s, tokens exact: "
+        f"{s['tokens_exact']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
