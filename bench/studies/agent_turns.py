@@ -1,11 +1,11 @@
 """An agent's turns through the library API: what each `add` costs beyond its coded tokens.
 
-A long conversation (the chats of sample_data/chats.jsonl as one session, through the chat
-template) is kept turn by turn, tokens only: turn k is `arc.add` of its first k x
---turn-tokens ids, so each turn adds that many new tokens to the session before it. Reported
-per turn: the file's growth, the turn's coded tokens (the bytes of its segment's token
-stream; the whole payload of the first turn's compact file) and the rest, its framing (index
-record, segment table). Issue 40 asks for growth <= 1.2 x coded tokens + 48 B (median over
+A long conversation (the agent transcript and the sample chats as one session, through the
+chat template, each message once) is kept turn by turn, tokens only: turn k is `arc.add` of
+its first k x --turn-tokens ids, so each turn adds that many new tokens to the session before.
+Reported per turn: the file's growth, the turn's coded tokens (the bytes of its segment's
+token stream; the whole payload of the first turn's compact file) and the rest, its framing
+(index record, segment table). Issue 40 asks for growth <= 1.2 x coded tokens + 48 B (median over
 the turns) and, for one session alone, <= its coded tokens + 150 B. The last turn is loaded
 back and its tokens compared.
 
@@ -25,15 +25,21 @@ from bench.table import table
 
 
 def conversation(tokenizer, n: int) -> list[int]:
-    """At least `n` ids of one chat: every message of the sample chats, in order."""
-    messages = []
-    for line in (SAMPLE / "chats.jsonl").read_text().splitlines():
-        messages += json.loads(line)["messages"]
-        ids = tokenizer.apply_chat_template(messages, tokenize=True)
-        ids = list(getattr(ids, "input_ids", ids))
-        if len(ids) >= n:
-            return ids[:n]
-    raise SystemExit(f"the sample chats hold {len(ids)} tokens, fewer than {n}")
+    """The first `n` ids of one long chat: the agent transcript's messages, then every message
+    of the sample chats that is not already there (they share system prompts, and a repeated
+    message would be coded almost for free), through the chat template."""
+    record = json.loads((SAMPLE / "agent_transcript.jsonl").read_text().splitlines()[0])
+    messages, seen = [], set()
+    lines = (SAMPLE / "chats.jsonl").read_text().splitlines()
+    for message in record["messages"] + [m for line in lines for m in json.loads(line)["messages"]]:
+        if message["content"] not in seen:
+            seen.add(message["content"])
+            messages.append(message)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)
+    ids = list(getattr(ids, "input_ids", ids))
+    if len(ids) < n:
+        raise SystemExit(f"the sample conversation holds {len(ids)} tokens, fewer than {n}")
+    return ids[:n]
 
 
 def coded_bytes(path: Path) -> int:
