@@ -13,6 +13,7 @@ so metadata past either would make the whole archive unreadable. `prepare_sessio
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from seqkv_cli.archive import (
+    Schedule,
     StoredKV,
     check_positive_number,
     coder_with_tolerance,
@@ -28,6 +30,7 @@ from seqkv_cli.archive import (
 )
 from seqkv_cli.container.schema import SchemaViolation, check_json_value
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.kvcapture.caches import cache_positions
 from seqkv_cli.trie import MAX_JSON_DEPTH, NAMES_BYTES_PER_SESSION, Source, too_deep
 
 if TYPE_CHECKING:
@@ -116,6 +119,56 @@ def stored_meta(entry: dict) -> dict:
     """The user metadata of an index entry ({} if none)."""
     meta = entry.get("capture_meta", {}).get(USER_META_KEY, {})
     return dict(meta) if isinstance(meta, dict) else {}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A cache that `load` handed out: the positions it held and the forward calls that filled
+    it (the session's replay record; one prefill where it had none)."""
+
+    positions: int
+    calls: tuple[int, ...]
+
+    @classmethod
+    def of(cls, positions: int, runs: list | None) -> Loaded:
+        calls = (positions,) if runs is None else Schedule.from_runs(runs).calls
+        return cls(positions, tuple(calls))
+
+
+def generated_arguments(args: dict, loaded: Callable[[object], Loaded | None]) -> dict:
+    """`add`'s arguments with a generate() output unpacked (its sequences up to what its cache
+    covers, and the cache), and the schedule of a cache `load` gave (`loaded(cache)`) that
+    generate() continued from `prompt_length` tokens. Anything else is left as given."""
+    out = args["input_ids"]
+    if hasattr(out, "sequences") and hasattr(out, "past_key_values"):
+        if args["cache"] is not None:
+            raise SeqkvError("add: give a generate() output or a cache, not both")
+        cache = out.past_key_values
+        if cache is None:
+            raise SeqkvError(
+                "add: this generate() output holds no cache (use_cache=False?); pass its "
+                "sequences to store tokens only"
+            )
+        n = cache_positions(cache)
+        args = dict(args, input_ids=out.sequences[..., :n], cache=cache)
+        scores = getattr(out, "scores", None) or getattr(out, "logits", None)
+        if args["prompt_length"] is None and args["schedule"] is None and scores:
+            args["prompt_length"] = int(out.sequences.shape[-1]) - len(scores)
+    origin = loaded(args["cache"]) if args["cache"] is not None else None
+    if origin is None or args["schedule"] is not None or args["prompt_length"] is None:
+        return args
+    prompt, n = args["prompt_length"], cache_positions(args["cache"])
+    if (
+        isinstance(prompt, bool)
+        or not isinstance(prompt, int)
+        or not origin.positions < prompt <= n
+    ):
+        raise SeqkvError(
+            f"prompt_length must be in {origin.positions + 1}..{n}: the loaded cache held "
+            f"{origin.positions} positions, generate() filled it to {n}; got {prompt!r}"
+        )
+    schedule = [*origin.calls, prompt - origin.positions] + [1] * (n - prompt)
+    return dict(args, schedule=schedule, prompt_length=None)
 
 
 @dataclass(frozen=True)

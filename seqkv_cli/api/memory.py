@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from seqkv_cli.api.arguments import PreparedSession, check_session_id, prepare_session, stored_meta
+from seqkv_cli.api.arguments import (
+    Loaded,
+    PreparedSession,
+    check_session_id,
+    generated_arguments,
+    prepare_session,
+    stored_meta,
+)
 from seqkv_cli.archive import (
     Archive,
     add_sources,
@@ -45,6 +53,11 @@ from seqkv_cli.kvcapture.caches import to_cache
 
 if TYPE_CHECKING:
     from seqkv_cli.runtime.loading import LoadedModel
+
+# The caches `load` handed out and how each was filled. A cache continued by generate() and
+# given back to `add` with its prompt length then needs no hand-built schedule. Weak: a cache
+# the caller drops is forgotten.
+_LOADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -221,7 +234,10 @@ class MemoryArchive:
 
             own = self._own_model
             device = model_device(own if own is not None else self._lm.module)
-        return to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
+        cache = to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
+        calls = rec["calls"] if rec is not None and replay else None
+        _LOADED[cache] = Loaded.of(cap.positions, calls)
+        return cache
 
     # -- writing --------------------------------------------------------------------------
     def add(
@@ -239,6 +255,11 @@ class MemoryArchive:
         max_relative_difference: float | None = None,
     ) -> AddReport:
         """Store a session: its token ids and, with `cache`, what makes `load` return it.
+
+        `input_ids` may be what `model.generate(..., return_dict_in_generate=True)` returned:
+        its sequences (the tokens its cache covers) and its cache are taken from it. A cache
+        that `load` gave and generate() continued needs only `prompt_length` (the ids given
+        to generate): the schedule is the loaded session's plus the continuation's.
 
         * no `cache`: tokens only; `load` recomputes K/V canonically (bf16).
         * `cache` (the user's own, any numerics, bf16/fp16/fp32), `residual=`:
@@ -279,7 +300,7 @@ class MemoryArchive:
         known = {s.id for s in self.sessions()} if self.path.is_file() else set()
         prepared: list[PreparedSession] = []
         for item in items:
-            args = add_arguments(item)
+            args = generated_arguments(add_arguments(item), _loaded)
             sid = check_session_id(args["session_id"])
             if sid in known:
                 raise SeqkvError(
@@ -380,6 +401,15 @@ def open_archive(
     tokenizer saved beside it); the archive refuses a different one. `codec` applies to a new
     file (an existing file keeps its own)."""
     return MemoryArchive(path, model, tokenizer=tokenizer, codec=codec, numerics=numerics)
+
+
+def _loaded(cache: object) -> Loaded | None:
+    """How a cache `load` gave was filled; None for any other object (or one that cannot be
+    weakly referenced, which `load` never gives)."""
+    try:
+        return _LOADED.get(cache)
+    except TypeError:
+        return None
 
 
 # `add_many` takes `add`'s arguments by name, with `add`'s defaults: one list, add()'s own.

@@ -38,6 +38,14 @@ def cache_layers(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return pairs
 
 
+def cache_positions(cache: object) -> int:
+    """The positions a cache holds (its first layer's length; a refusal for a non-cache)."""
+    keys = cache_layers(cache)[0][0]
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 4:
+        raise SeqkvError("the cache's first layer holds no (batch, kv_heads, n, head_dim) keys")
+    return int(keys.shape[2])
+
+
 def cache_dtype_name(cache: object) -> str:
     """The name of the dtype the cache's first layer holds: bf16, fp16 or fp32 (else refused)."""
     dtype = cache_layers(cache)[0][0].dtype

@@ -126,6 +126,85 @@ def test_an_agent_turn_continued_from_a_loaded_cache_replays_with_its_schedule(
     assert report.kv_strategy == "replay" and report.new_tokens == n2 - n1
 
 
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_generate_outputs_are_added_as_they_are_and_a_loaded_cache_needs_no_schedule(
+    tmp_path, user_model
+):
+    """The common agent loop without a hand-built schedule: generate()'s output with its
+    prompt length, and a continued loaded cache whose earlier calls seqkv knows."""
+    prompt, follow_up = _ids(10), _ids(4, seed=3)
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        with torch.inference_mode():
+            out = user_model.generate(
+                prompt, max_new_tokens=5, do_sample=False, return_dict_in_generate=True
+            )
+        first = arc.add("turn-1", out, prompt_length=10)
+        n1 = out.past_key_values.get_seq_length()
+        assert first.tokens == n1 and arc.tokens("turn-1") == out.sequences[0, :n1].tolist()
+        cache = arc.load("turn-1")
+        ids = torch.cat([out.sequences, follow_up], 1)
+        with torch.inference_mode():
+            out2 = user_model.generate(
+                ids,
+                past_key_values=cache,
+                max_new_tokens=5,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
+        assert out2.past_key_values is cache  # generate continued the cache load gave
+        second = arc.add("turn-2", out2, prompt_length=ids.shape[1], residual="replay")
+        n2 = out2.past_key_values.get_seq_length()
+        want = [10, 1, 1, 1, 1, ids.shape[1] - n1] + [1] * (n2 - ids.shape[1])
+        assert arc.schedule("turn-2") == want
+        _assert_same(out2.past_key_values, arc.load("turn-2"))
+        # with its scores, the output says how many tokens generate made: no prompt_length
+        with torch.inference_mode():
+            out3 = user_model.generate(
+                prompt,
+                max_new_tokens=3,
+                do_sample=False,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+        third = arc.add("scored", out3, residual="replay")
+        assert arc.schedule("scored") == [10, 1, 1]
+    assert first.kv_strategy == second.kv_strategy == third.kv_strategy == "replay"
+    assert second.new_tokens == n2 - n1
+
+
+def test_generate_outputs_with_wrong_arguments_are_one_line(tmp_path, user_model):
+    prompt = _ids(10)
+    with torch.inference_mode():
+        out = user_model.generate(
+            prompt, max_new_tokens=4, do_sample=False, return_dict_in_generate=True
+        )
+    with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
+        for call, words in [
+            (lambda: arc.add("a", out, cache=out.past_key_values), "not both"),
+            (
+                lambda: arc.add("a", type(out)(sequences=out.sequences)),
+                "holds no cache",
+            ),
+        ]:
+            with pytest.raises(SeqkvError) as info:
+                call()
+            assert words in str(info.value) and "\n" not in str(info.value)
+        arc.add("a", out, prompt_length=10)
+        loaded = arc.load("a")
+        with torch.inference_mode():
+            more = user_model.generate(
+                torch.cat([out.sequences, _ids(3, seed=5)], 1),
+                past_key_values=loaded,
+                max_new_tokens=2,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
+        for bad in (5, 10**6, True):  # the prompt must lie past what the loaded cache held
+            with pytest.raises(SeqkvError, match=r"prompt_length must be in 14\.\."):
+                arc.add("b", more, prompt_length=bad)
+        assert "b" not in arc
+
+
 def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
