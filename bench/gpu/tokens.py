@@ -62,7 +62,7 @@ class DeviceRows:
     """A `LogitsModel` running `CanonicalLM` on `device`; logits come back as host float32."""
 
     def __init__(self, shape: dict, device: str) -> None:
-        from seqkv_cli.runtime.canonical import CanonicalLM
+        from seqkv_cli.runtime.legacy import CanonicalLM
 
         self.device = torch.device(device)
         with self.device:

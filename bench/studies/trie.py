@@ -37,7 +37,7 @@ def corpus_tokens(tokenizer) -> tuple[np.ndarray, np.ndarray]:
 def make_captures(lm, n: int, prefix_len: int, tail: int, out: Path) -> list[Path]:
     from seqkv_cli.kvcapture.capture_file import Capture, save_capture
     from seqkv_cli.kvcapture.engine import canonical_model
-    from seqkv_cli.runtime.canonical import NUMERIC_PATH
+    from seqkv_cli.runtime.legacy import NUMERIC_PATH
     from seqkv_cli.sequential.adapter import CanonicalLogits
     from seqkv_cli.trie import fork_track
 

@@ -16,6 +16,7 @@ from seqkv_cli.runtime.surprisal import surprisal_bits
 
 if TYPE_CHECKING:
     from seqkv_cli.kvcapture.inputs import Document
+    from seqkv_cli.runtime.forward import CanonicalForward
     from seqkv_cli.runtime.loading import LoadedModel
 
 CHUNK = 256  # positions per forward call: bounds memory (logits are n x vocab)
@@ -130,7 +131,7 @@ def _canonical(lm, ids, on_progress, numerics):
     return keys, values, torch.cat(parts), canon.numeric_path
 
 
-def canonical_model(lm: LoadedModel, numerics: str | None = None):
+def canonical_model(lm: LoadedModel, numerics: str | None = None) -> CanonicalForward:
     """The canonical forward of a loaded model on `numerics`, built once per LoadedModel."""
     from seqkv_cli.runtime.numerics import DEFAULT, PORTABLE_PATHS, build_canonical
 

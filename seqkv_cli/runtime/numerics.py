@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.forward import CanonicalForward
 
 PORTABLE = "portable-fx53-v3"
 PORTABLE_V2 = "portable-fx53-v2"
@@ -69,7 +70,7 @@ def check_path(path: str) -> str:
     return path
 
 
-def build_canonical(hf_model, path: str = DEFAULT, store=None):
+def build_canonical(hf_model, path: str = DEFAULT, store=None) -> CanonicalForward:
     """The canonical forward of `hf_model` on `path` (refuses an unknown path). ``store``:
     the `checkpoint.WeightStore` holding the model's weights, where seqkv loaded it (the
     legacy path needs them in the module: pass the model after `LoadedModel.fp32_model`)."""
@@ -78,8 +79,8 @@ def build_canonical(hf_model, path: str = DEFAULT, store=None):
         from seqkv_cli.runtime.portable.model import PortableLM
 
         return PortableLM(hf_model, path, store)
-    from seqkv_cli.runtime.canonical import CanonicalLM, check_row_invariance
     from seqkv_cli.runtime.devices import model_device
+    from seqkv_cli.runtime.legacy import CanonicalLM, check_row_invariance
 
     where = model_device(hf_model)
     if where.type != "cpu":
@@ -113,7 +114,7 @@ def support(hf_model, store=None) -> dict[str, str]:
             out[path] = "yes" if same else "no: prefill and stepping differ"
         except SeqkvError as exc:
             out[path] = f"no: {exc}"
-    from seqkv_cli.runtime.canonical import SUPPORTED_TYPES
+    from seqkv_cli.runtime.legacy import SUPPORTED_TYPES
 
     model_type = getattr(hf_model.config, "model_type", "?")
     out[LEGACY] = (

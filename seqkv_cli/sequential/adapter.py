@@ -7,6 +7,8 @@ import os
 import numpy as np
 import torch
 
+from seqkv_cli.runtime.forward import CanonicalForward
+
 # Positions a state keeps beyond its tokens, so a pass can carry guessed tokens to its end
 # (draft-and-verify decoding: seqkv_codecs.sequential.drafts).
 DRAFT_HEADROOM = 8
@@ -73,13 +75,13 @@ def unrounded_kv(state, n: int | None = None):
 
 
 class CanonicalLogits:
-    """Feeds a `CanonicalLM` for the token coder, one sequence or several in lockstep.
+    """Feeds a `CanonicalForward` for the token coder, one sequence or several in lockstep.
 
     The coder never feeds a session's last token (no position follows it), but its K/V
     belongs to the cache: states get one position of headroom and `finish` feeds the rest.
     """
 
-    def __init__(self, canon) -> None:
+    def __init__(self, canon: CanonicalForward) -> None:
         self.canon = canon
         self.vocab_size = canon.vocab_size
         self.tracks: list[Track] = []

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.canonical import KEY_BLOCK, ROW_BLOCK, CanonicalLM, KVState
+from seqkv_cli.runtime.legacy import KEY_BLOCK, ROW_BLOCK, CanonicalLM, KVState
 
 MAX_ROWS = 256  # rows per internal pass: bounds the (rows x rows) own-score product
 

@@ -256,7 +256,7 @@ def canonical(tmp_path_factory) -> CanonicalAdapter:
     from transformers import AutoModelForCausalLM
 
     from conftest import build_tiny_model
-    from seqkv_cli.runtime.canonical import CanonicalLM
+    from seqkv_cli.runtime.legacy import CanonicalLM
 
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", context=512)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()

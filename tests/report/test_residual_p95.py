@@ -81,7 +81,7 @@ def test_canonical_capture_has_a_zero_residual(full):
 def legacy_threads():
     """delta-topk runs on the legacy path only, whose bits hold where the BLAS is row-invariant
     (on an Intel Xeon's MKL only at one thread, or not at all): None where it cannot run."""
-    from seqkv_cli.runtime.canonical import check_row_invariance
+    from seqkv_cli.runtime.legacy import check_row_invariance
 
     before = torch.get_num_threads()
     for threads in (before, 1):

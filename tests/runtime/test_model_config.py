@@ -8,7 +8,7 @@ import pytest
 
 from conftest import tiny_family_model
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.canonical import CanonicalLM
+from seqkv_cli.runtime.legacy import CanonicalLM
 from seqkv_cli.runtime.loading import LoadedModel
 from seqkv_cli.runtime.model_config import ModelShape, text_config
 from seqkv_cli.runtime.portable.model import PortableLM

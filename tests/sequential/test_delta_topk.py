@@ -26,7 +26,7 @@ def one_thread():
     delta-topk runs on the legacy path only, whose bits hold where the BLAS is row-invariant:
     on some machines only at the default thread count (an Intel Xeon's MKL at 1 thread, seen
     at stop 20), on some not at all; there the module is skipped, saying so."""
-    from seqkv_cli.runtime.canonical import check_row_invariance
+    from seqkv_cli.runtime.legacy import check_row_invariance
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)

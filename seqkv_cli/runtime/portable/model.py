@@ -19,6 +19,7 @@ import torch
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.checkpoint import WeightStore
 from seqkv_cli.runtime.devices import model_device
+from seqkv_cli.runtime.forward import check_batch
 from seqkv_cli.runtime.hfcompat import cache_kwarg
 from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes, text_config
 from seqkv_cli.runtime.portable import exact, fused, kernels
@@ -45,7 +46,8 @@ def _register_attention() -> None:
 
 
 class PortableLM(ShapeAttributes):
-    """The canonical forward of a portable path: states, forward, forward_rows."""
+    """The `CanonicalForward` of a portable path (runtime/forward.py); its states are
+    `PortableState`."""
 
     surprisal = staticmethod(portable_surprisal_bits)
 
@@ -209,8 +211,7 @@ class PortableLM(ShapeAttributes):
         Rows share the weight products; every product is exact per row, so each sequence
         gets the same bits as if it were stepped alone.
         """
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("each sequence may appear once per forward_rows call")
+        check_batch(states, call="forward_rows")
         for s in states:
             if s.length + 1 > s.capacity:
                 raise SeqkvError(f"sequence longer than the state's capacity ({s.capacity})")
@@ -226,11 +227,8 @@ class PortableLM(ShapeAttributes):
         token, at positions that must fit the state's capacity; the padding's K/V sit past
         the row's length (cropped here) and are overwritten by its next call.
         """
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("each sequence may appear once per forward_many call")
         lists = [list(map(int, ids)) for ids in token_ids]
-        if not lists or min(len(x) for x in lists) == 0:
-            raise ValueError("forward_many needs at least one token per sequence")
+        check_batch(states, lists, "forward_many")
         m = max(len(x) for x in lists)
         for s in states:
             if s.length + m > s.capacity:

@@ -7,7 +7,7 @@ import torch
 
 from conftest import build_tiny_model
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.runtime.canonical import KEY_BLOCK, CanonicalLM, check_row_invariance
+from seqkv_cli.runtime.legacy import KEY_BLOCK, CanonicalLM, check_row_invariance
 
 
 def run_chunks(lm: CanonicalLM, ids: torch.Tensor, sizes: list[int]):

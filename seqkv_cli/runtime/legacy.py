@@ -1,4 +1,5 @@
-"""Canonical forward: logits and K/V bit-identical however a sequence is cut into chunks.
+"""The legacy canonical forward (`CanonicalLM`): logits and K/V bit-identical however a
+sequence is cut into chunks, on one machine class (the `CanonicalForward` of runtime/forward.py).
 
 An arithmetic decoder can only step token by token, while an encoder and `capture` want to
 prefill; ordinary fp32 paths disagree in the last bits (docs/NUMERICS.md). This forward removes
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.runtime.forward import check_batch
 from seqkv_cli.runtime.model_config import ModelShape, ShapeAttributes
 from seqkv_cli.runtime.surprisal import surprisal_bits
 
@@ -103,7 +105,8 @@ class KVState:
 
 
 class CanonicalLM(ShapeAttributes):
-    """A lean Llama-family forward with the canonical numerics described above."""
+    """A lean Llama-family forward with the legacy canonical numerics described above: a
+    `CanonicalForward` whose states are `KVState`."""
 
     numeric_path = NUMERIC_PATH
     surprisal = staticmethod(surprisal_bits)
@@ -185,21 +188,17 @@ class CanonicalLM(ShapeAttributes):
         The sequences share the weight products (rows of one product) and keep their own
         attention, so each gets the same bits as if it were stepped alone.
         """
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("each sequence may appear once per forward_rows call")
+        check_batch(states, call="forward_rows")
         return self._run([(s, torch.tensor([t])) for s, t in zip(states, token_ids, strict=True)])
 
     @torch.inference_mode()
     def forward_many(self, states: list[KVState], token_ids: list) -> list[torch.Tensor]:
         """Append token_ids[i] (one or more) to states[i] in one pass; logits of each, (m_i, V)."""
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("each sequence may appear once per forward_many call")
+        check_batch(states, token_ids, "forward_many")
         segments = [
             (s, torch.tensor([int(t) for t in ids], dtype=torch.long))
             for s, ids in zip(states, token_ids, strict=True)
         ]
-        if not segments or min(len(ids) for _, ids in segments) == 0:
-            raise ValueError("forward_many needs at least one token per sequence")
         logits = self._run(segments)
         out, start = [], 0
         for _, ids in segments:
