@@ -45,10 +45,11 @@ def conversation(tokenizer, n: int) -> list[int]:
 def coded_bytes(path: Path) -> int:
     """Bytes of the newest segment's token stream (a compact file's payload)."""
     from seqkv_cli.container import open_container
+    from seqkv_cli.trie import PartReader, load_trie
 
     with open_container(path) as reader:
-        generation = getattr(reader, "generation", 1)
-        return next(s.length for s in reader.sections if s.name == f"t{generation}/tokens")
+        contents = load_trie(reader, path)
+        return len(PartReader(reader, contents.embedded)(contents.segments[-1], "tokens"))
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -27,6 +27,7 @@ from seqkv_cli.trie import (
     check_context,
     encode_tables,
     grow_segment,
+    index_sections,
     load_trie,
     part_name,
     refuse_empty,
@@ -120,7 +121,7 @@ def _expand_compact(appender, model, path):
         session.pipeline_config(), ident, {"expanded_from": "compact single-session file"}
     )
     index = encode_tables(tables_of(session, len(payload)), 0, FRESH)  # a new 1.6 file
-    appender.rewrite(header, [(part_name(1, "index"), index), (part_name(1, "tokens"), payload)])
+    appender.rewrite(header, index_sections(1, index, payload))
     return lm
 
 
@@ -143,7 +144,7 @@ def _check_new(sources: list[Source], contents, header: dict, path) -> None:
 def _model_side(coder, contents, reader, model, header, path):
     """The canonical model (checked against the archive's) and a reader of node tokens."""
     if not capabilities(coder).needs_canonical:
-        return None, NodeSource(contents, PartReader(reader), 1 << 32, 24)
+        return None, NodeSource(contents, PartReader(reader, contents.embedded), 1 << 32, 24)
 
     canon, ident = load_canonical(model, coder.numerics)
     want = (header.get("model") or {}).get("fingerprint")
@@ -153,5 +154,6 @@ def _model_side(coder, contents, reader, model, header, path):
             f"{ident['fingerprint'][:16]}; pass --model with the right one"
         )
     check_context(contents, canon.max_context, path)
-    source = NodeSource(contents, PartReader(reader), canon.vocab_size, coder.precision_bits)
+    parts = PartReader(reader, contents.embedded)
+    source = NodeSource(contents, parts, canon.vocab_size, coder.precision_bits)
     return canon, source

@@ -63,6 +63,12 @@ def account(archive: Archive) -> Accounting:
     parts: dict[str, int] = {}
     for name, length in sizes.items():
         parts[_part(name)] = parts.get(_part(name), 0) + length
+    # a version-2 segment table is followed by its segment's tokens in the same section
+    trie = getattr(archive, "trie", None)
+    embedded = sum(len(t) for t in trie.embedded.values()) if trie is not None else 0
+    if embedded:
+        parts["trie tables"] -= embedded
+        parts["tokens"] = parts.get("tokens", 0) + embedded
     parts["header + index"] = reader.size - sum(sizes.values())
     # The header and index serve every session: each carries its share by positions.
     total_positions = max(sum(e["positions"] for e in archive.sessions), 1)

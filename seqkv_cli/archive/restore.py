@@ -71,7 +71,7 @@ class Archive:
                 raise SeqkvError(f"{self.path}: {exc}") from None
         self._model_spec, self._canon = model, None
         if self.trie is not None:
-            self.read_part = PartReader(self.reader)
+            self.read_part = PartReader(self.reader, self.trie.embedded)
 
     @property
     def needs_model(self) -> bool:

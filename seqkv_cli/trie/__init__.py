@@ -44,7 +44,13 @@ from seqkv_cli.trie.pervector import restore_pervector
 from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import fork_track
 from seqkv_cli.trie.schedule import planned_passes
-from seqkv_cli.trie.segment import build_segment, grow_segment, place_sessions, segment_sections
+from seqkv_cli.trie.segment import (
+    build_segment,
+    grow_segment,
+    index_sections,
+    place_sessions,
+    segment_sections,
+)
 from seqkv_cli.trie.sources import Source, ppl_milli
 from seqkv_cli.trie.store import (
     MAX_POSITIONS,
@@ -100,6 +106,7 @@ __all__ = [
     "encode_tables",
     "fork_track",
     "grow_segment",
+    "index_sections",
     "load_trie",
     "near_prefix",
     "part_name",

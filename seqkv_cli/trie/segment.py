@@ -36,7 +36,7 @@ from seqkv_cli.trie.pervector import encode_pervector_segment, node_blocks, surp
 from seqkv_cli.trie.plan import PlanNode, Trie, insertion_order
 from seqkv_cli.trie.sources import Source
 from seqkv_cli.trie.store import TrieContents, part_name
-from seqkv_cli.trie.tables import Node, TableContext, encode_tables
+from seqkv_cli.trie.tables import Node, TableContext, encode_tables, is_version_2
 from seqkv_codecs.sequential.node_stream import encode_node, intervals, token_check, verify_node
 from seqkv_codecs.sequential.probability import intervals_from_logits
 from seqkv_codecs.sequential.token_coder import uniform_row
@@ -135,8 +135,19 @@ def grow_segment(
 
 def segment_sections(build: SegmentBuild, segment: int) -> list[tuple[str, bytes]]:
     """The segment's parts as container sections, index first (empty parts are left out)."""
-    order = ["index", *sorted(n for n in build.parts if n != "index")]
-    return [(part_name(segment, n), build.parts[n]) for n in order if build.parts[n]]
+    parts = dict(build.parts)
+    sections = index_sections(segment, parts.pop("index"), parts.pop("tokens", b""))
+    return sections + [(part_name(segment, n), parts[n]) for n in sorted(parts) if parts[n]]
+
+
+def index_sections(segment: int, index: bytes, tokens: bytes) -> list[tuple[str, bytes]]:
+    """A segment's table and token stream as sections: one `t<k>/index` holding both after a
+    version-2 table (a section of its own costs ~14 bytes of index record), else the table
+    and, unless empty, `t<k>/tokens`."""
+    if is_version_2(index):
+        return [(part_name(segment, "index"), index + tokens)]
+    out = [(part_name(segment, "index"), index)]
+    return out + ([(part_name(segment, "tokens"), tokens)] if tokens else [])
 
 
 def refuse_out_of_vocab(sources: list[Source], vocab: int) -> None:

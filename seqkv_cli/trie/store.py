@@ -1,7 +1,8 @@
 """A trie archive on disk: segments of node/session tables, token streams and K/V blocks.
 
 Each commit (compress, or one `archive add`) writes one segment ``t<k>/``:
-``t<k>/index`` (binary tables, tables.py), ``t<k>/tokens`` (the segment's token payloads),
+``t<k>/index`` (binary tables, tables.py), ``t<k>/tokens`` (the segment's token payloads; after
+the table in ``t<k>/index`` where the table is version 2),
 ``t<k>/kv`` and ``t<k>/surprisal`` (per-vector codecs only) and, only where a session's own
 K/V is not what the trie reproduces, ``t<k>/s<j>/residual.layers.<i>.<key|value>``. Nodes and
 sessions are numbered across segments in commit order, so a later segment may branch off any
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,7 @@ class TrieContents:
     segments: list[int]
     kv_blocks: int
     context: TableContext = FRESH  # what a version-2 table of the next segment is written against
+    embedded: dict[int, bytes] = field(default_factory=dict)  # segment -> tokens after its table
 
 
 def load_trie(
@@ -83,6 +85,7 @@ def load_trie(
     profiles: dict[tuple[int, int], dict] = {}
     kv_blocks = None
     context = FRESH
+    embedded: dict[int, bytes] = {}
     for k in segments:
         where = f"{path} segment {k}"
         if compact is not None:
@@ -93,6 +96,8 @@ def load_trie(
             raw = reader.read_section(part_name(k, "index"))
             tables = decode_tables(raw, len(nodes), where, context)
         context = context.after(tables)
+        if tables.tokens is not None:
+            embedded[k] = tables.tokens
         if kv_blocks is not None and tables.kv_blocks != kv_blocks:
             raise SeqkvError(f"{where}: K/V block count differs from earlier segments")
         kv_blocks = tables.kv_blocks
@@ -133,7 +138,9 @@ def load_trie(
     ids = [s.id for s in sessions]
     if len(set(ids)) != len(ids):
         raise SeqkvError(f"{path}: a session id appears twice in the trie")
-    return TrieContents(nodes, sessions, locals_, profiles, segments, kv_blocks or 0, context)
+    return TrieContents(
+        nodes, sessions, locals_, profiles, segments, kv_blocks or 0, context, embedded
+    )
 
 
 def check_context(contents: TrieContents, max_context: int, path: Path | str) -> None:
@@ -199,15 +206,21 @@ def session_entries(
 class PartReader:
     """read(segment, part): a segment's shared part (tokens, kv, ...), read and checked once.
 
-    An absent part (omitted because empty) reads as b"".
+    An absent part (omitted because empty) reads as b"". A version-2 segment's tokens are
+    those its table was followed by (`TrieContents.embedded`).
     """
 
-    def __init__(self, reader: ContainerReader | CompactReader) -> None:
+    def __init__(
+        self, reader: ContainerReader | CompactReader, embedded: dict[int, bytes] | None = None
+    ) -> None:
         self.reader = reader
         self.known = {s.name for s in reader.sections}
         self.parts: dict[str, bytes] = {}
+        self.embedded = embedded or {}
 
     def __call__(self, segment: int, part: str) -> bytes:
+        if part == "tokens" and segment in self.embedded:
+            return self.embedded[segment]
         name = part_name(segment, part)
         if name not in self.parts:
             self.parts[name] = self.reader.read_section(name) if name in self.known else b""

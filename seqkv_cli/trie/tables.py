@@ -29,7 +29,10 @@ from seqkv_codecs.varint import decode_varint, encode_varint, zigzag_decode, zig
 
 MAGIC = b"SKTI"
 VERSION = 1
-VERSION_2 = 2  # a version-2 table starts with this byte instead of MAGIC
+# A version-2 table starts with one byte instead of MAGIC + version + flags: 0x20 | flags
+# (0x20-0x3f; a version-1 table starts with "S", 0x53). After the table come the segment's
+# tokens, which version 1 keeps in a section of their own (t<k>/tokens).
+V2_TAG, V2_FLAGS = 0x20, 0x1F
 NO_PPL = 0xFFFF  # log2 PP unknown (sessions of fewer than two tokens)
 _HEAD = struct.Struct("<4sBB")  # magic, version, flags
 FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in the segment)
@@ -37,7 +40,7 @@ FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in th
 FLAG_INHERITED = 2  # the profiles are the segment before's (none stored)
 FLAG_CREATED = 4  # a creation time: zigzag seconds after the segment before's
 FLAG_STRINGS = 8  # a zlib'd JSON block follows the ids (profiles, extras)
-FLAGS_2 = FLAG_PROFILES | FLAG_INHERITED | FLAG_CREATED | FLAG_STRINGS
+FLAG_KV = 16  # a K/V block count follows (per-vector codecs; 0 when absent)
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # seqkv_cli.clock writes these; others stay JSON
 MAX_CREATED = 1 << 40  # seconds: some 30,000 years, and a bound on a crafted delta
 # The session names and profiles are what a flat file keeps in its JSON index, so they get
@@ -89,6 +92,7 @@ class SegmentTables:
     sessions: list[SessionRecord]
     profiles: list[dict]
     kv_blocks: int = 0
+    tokens: bytes | None = None  # version 2 read: the segment's tokens, after the table
 
 
 @dataclass(frozen=True)
@@ -206,10 +210,11 @@ def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> 
     flags |= FLAG_INHERITED if inherited else 0
     flags |= 0 if created is None else FLAG_CREATED
     flags |= FLAG_STRINGS if extras or not inherited else 0
-    out = bytearray([VERSION_2, flags])
+    flags |= FLAG_KV if tables.kv_blocks else 0
+    out = bytearray([V2_TAG | flags])
     if created is not None:
         _varint(zigzag_encode(created - context.created), out)
-    _counts_and_rows(tables, first_node, flags, out)
+    _counts_and_rows(tables, first_node, flags, out, 2)
     before = context.last_id.encode()
     for rec in tables.sessions:
         name = rec.id.encode()
@@ -237,9 +242,15 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
     return n
 
 
-def _counts_and_rows(tables: SegmentTables, first_node: int, flags: int, out: bytearray) -> None:
-    """The counts, the node table and the session table: the same in both versions."""
-    for value in (len(tables.nodes), len(tables.sessions), tables.kv_blocks):
+def _counts_and_rows(
+    tables: SegmentTables, first_node: int, flags: int, out: bytearray, version: int = VERSION
+) -> None:
+    """The counts, the node table and the session table: the same in both versions (version
+    2 writes the K/V block count only where there are blocks)."""
+    counts = [len(tables.nodes), len(tables.sessions)]
+    if version == VERSION or flags & FLAG_KV:
+        counts.append(tables.kv_blocks)
+    for value in counts:
         _varint(value, out)
     for k, node in enumerate(tables.nodes):
         index = first_node + k
@@ -274,11 +285,11 @@ def decode_tables(
     (the archive before it; FRESH for the first segment).
     """
     r = _Reader(bytes(data), where)
-    if r.data[:1] == bytes([VERSION_2]):
+    if r.data[:1] and r.data[0] & ~V2_FLAGS == V2_TAG:
         return _decode_2(r, first_node, FRESH if context is None else context)
     magic, version, flags = _HEAD.unpack(r.take(_HEAD.size))
     if magic != MAGIC:
-        if VERSION_2 < r.data[0] < 16:  # a later version byte, not damage
+        if r.data[0] < 0x20:  # what a later version would start with, not damage
             raise SeqkvError(f"{where}: trie table version {r.data[0]} is newer; upgrade seqkv")
         raise r.fail(f"magic {magic!r}")
     if version != VERSION:
@@ -308,9 +319,12 @@ def _names_limit(n_sessions: int) -> int:
     return min(MAX_NAMES_BYTES, NAMES_BYTES_BASE + NAMES_BYTES_PER_SESSION * n_sessions)
 
 
-def _rows(r: _Reader, first_node: int, flags: int) -> tuple[list[Node], list[SessionRecord], int]:
+def _rows(
+    r: _Reader, first_node: int, flags: int, version: int = VERSION
+) -> tuple[list[Node], list[SessionRecord], int]:
     """The counts, node table and session table (both versions); ids are filled in later."""
-    n_nodes, n_sessions, kv_blocks = r.varint(), r.varint(), r.varint()
+    n_nodes, n_sessions = r.varint(), r.varint()
+    kv_blocks = r.varint() if version == VERSION or flags & FLAG_KV else 0
     if max(n_nodes, n_sessions, kv_blocks) > len(r.data):
         raise r.fail("impossible counts")
     nodes = []
@@ -350,16 +364,13 @@ def _check_profiles(r: _Reader, sessions: list[SessionRecord], profiles: object)
 
 
 def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTables:
-    r.take(1)
-    flags = r.take(1)[0]
-    if flags & ~FLAGS_2:
-        raise r.fail(f"unknown flags {flags:#04x}")
+    flags = r.take(1)[0] & V2_FLAGS
     created = None
     if flags & FLAG_CREATED:
         created = context.created + zigzag_decode(r.varint())
         if not 0 < created < MAX_CREATED:
             raise r.fail("its creation time is out of range")
-    nodes, sessions, kv_blocks = _rows(r, first_node, flags)
+    nodes, sessions, kv_blocks = _rows(r, first_node, flags, 2)
     before, budget = context.last_id.encode(), _names_limit(len(sessions))
     for rec in sessions:
         shared, size = r.varint(), r.varint()
@@ -382,8 +393,6 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
             raise r.fail("its profiles do not decompress") from None
         if not isinstance(strings, dict) or too_deep(strings, MAX_JSON_DEPTH):
             raise r.fail(f"its profiles are not an object nesting at most {MAX_JSON_DEPTH} levels")
-    if r.pos != len(r.data):
-        raise r.fail(f"{len(r.data) - r.pos} trailing bytes")
     if bool(flags & FLAG_INHERITED) == ("profiles" in strings):
         raise r.fail("its profiles are both inherited and stored, or neither")
     inherited = flags & FLAG_INHERITED
@@ -401,7 +410,12 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
     if created is not None:
         stamp = _created(created)
         profiles = [dict(p, capture_meta=dict(_meta(p), created=stamp)) for p in profiles]
-    return SegmentTables(nodes, sessions, profiles, kv_blocks)
+    return SegmentTables(nodes, sessions, profiles, kv_blocks, r.data[r.pos :])
+
+
+def is_version_2(index: bytes) -> bool:
+    """Whether a segment's encoded table is version 2 (its tokens then follow it)."""
+    return bool(index) and index[0] & ~V2_FLAGS == V2_TAG
 
 
 def _inflate(packed: bytes, limit: int, r: _Reader) -> bytes:

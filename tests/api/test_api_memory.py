@@ -294,10 +294,11 @@ def test_tokens_only_recomputes_and_a_growing_session_pays_for_new_tokens(tmp_pa
     assert first.added_bytes == first.file_bytes < 43 + len("turn-1") + 32 * 2
     # ... and the second add codes only the 16 tokens the first did not have
     from seqkv_cli.container import open_container
+    from seqkv_cli.trie import load_trie
 
     with open_container(tmp_path / "m.skv") as reader:
-        sizes = {s.name: s.length for s in reader.sections}
-    assert second.new_tokens == 16 and 0 < sizes["t2/tokens"] < sizes["t1/tokens"]
+        tokens = load_trie(reader, tmp_path / "m.skv").embedded  # after each version-2 table
+    assert second.new_tokens == 16 and 0 < len(tokens[2]) < len(tokens[1])
     assert rows["turn-2"].shared_prefix == 32 and rows["turn-2"].tokens == 48
     canon = run_capture(tiny_lm, ids[0].tolist(), dtype="bf16")
     for i, (k, v) in enumerate(_layers(loaded)):

@@ -208,7 +208,7 @@ def test_trie_node_claiming_a_huge_length_is_refused_at_open(small_files, tmp_pa
     header, sections = take_apart(small_files["lossless", "trie"])
     t = read_tables(sections["t1/index"])
     t.nodes[-1].n_tokens = 1 << 40
-    sections["t1/index"] = encode_tables(t, 0, FRESH)
+    sections["t1/index"] = encode_tables(t, 0, FRESH) + (t.tokens or b"")
     path = tmp_path / "t.skv"
     path.write_bytes(put_together(header, sections))
     with pytest.raises(SeqkvError, match="impossible length"):
@@ -331,7 +331,7 @@ def test_trie_session_whose_end_was_changed_is_refused(small_files, tmp_path):
     def change(header, sections):
         t = read_tables(sections["t1/index"])
         t.sessions[0].end -= 1  # restored a shorter session, silently, before
-        sections["t1/index"] = encode_tables(t, 0, FRESH)
+        sections["t1/index"] = encode_tables(t, 0, FRESH) + (t.tokens or b"")
 
     results = _restore_all(_forged(tmp_path, small_files["turbo3", "trie"], change))
     # the table's log2 PP, or the session's own surprisal part, no longer fits the path

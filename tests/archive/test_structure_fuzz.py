@@ -305,7 +305,7 @@ def mutate_tables(rng, header, sections):
     try:
         from seqkv_cli.trie.tables import FRESH, encode_tables
 
-        sections[name] = encode_tables(tables, 0, FRESH)
+        sections[name] = encode_tables(tables, 0, FRESH) + (tables.tokens or b"")
     except (SeqkvError, OverflowError, IndexError, MemoryError):
         return mutate_raw_index(rng, header, sections)
     return f"tables {what}"

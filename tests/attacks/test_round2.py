@@ -152,7 +152,7 @@ def test_a_trie_profile_contradicting_its_tensors_is_refused(tmp_path, tiny_lm, 
     name = next(n for n in sections if n.endswith("/index"))
     tables = read_tables(sections[name])
     tables.profiles[0]["shapes"]["num_kv_heads"] += 3
-    sections[name] = encode_tables(tables, 0, FRESH)
+    sections[name] = encode_tables(tables, 0, FRESH) + (tables.tokens or b"")
     path.write_bytes(put_together(header, sections))
     out = tmp_path / "out"
     result = invoke("decompress", path, "-o", out, "--model", tiny_model_dir)

@@ -32,7 +32,8 @@ HEADER = {"pipeline": [], "model": None, "sessions": [], "trie": {"version": 1}}
 
 
 def trie_like(path: Path, turns: int, layout: int = LAYOUT_RECORDS) -> list[int]:
-    """A file grown as a trie archive grows: two sections a commit, no JSON sessions."""
+    """A file grown as a version-1 trie archive grows: an index and a tokens section a commit,
+    no JSON sessions (a version-2 trie writes one section a commit)."""
     write_container(
         path, HEADER, [("t1/index", b"i" * 20), ("t1/tokens", b"t" * 60)], layout=layout
     )

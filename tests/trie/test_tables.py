@@ -97,10 +97,10 @@ def test_a_turn_costs_about_twenty_bytes_and_reads_back_whole():
     times = ["2026-12-06T02:27:19Z", "2026-12-06T02:27:25Z", "2026-12-06T02:29:01Z"]
     turns = [_turn(k, t) for k, t in enumerate(times)] + [_turn(3, times[2], {"meta": {"a": 1}})]
     written, read = _grow(turns)
-    assert written[0][:1] == bytes([2]) and not written[0].startswith(MAGIC)
-    # version, flags (inherited, created), +6 s, counts 1/1/0, node (back 1, attach 100,
+    assert written[0][0] & 0xE0 == 0x20 and not written[0].startswith(MAGIC)
+    # 0x20 | flags (inherited, created), +6 s, counts 1/1, node (back 1, attach 100,
     # 100 tokens, payload 60, check 7), session (zigzag(1) * 2 = 4, ppl 4200), id: 11 shared, "2"
-    assert written[1] == bytes.fromhex("02 06 0c 010100 01 64 64 3c 0700 04 6810 0b 01 32")
+    assert written[1] == bytes.fromhex("26 0c 0101 01 64 64 3c 0700 04 6810 0b 01 32")
     assert len(written[2]) == len(written[1]) + 1  # 96 s is two bytes of delta
     assert len(written[0]) > 60  # the first segment stores its profile
     for want, got in zip(turns, read, strict=True):
@@ -118,7 +118,7 @@ def test_profiles_are_stored_again_when_they_change():
     other = _turn(1, "2026-12-06T02:27:25Z")
     other.profiles[0]["dtype"] = "fp32"
     written, read = _grow([_turn(0, "2026-12-06T02:27:19Z"), other])
-    assert written[1][1] & 8 and not written[1][1] & 2  # strings stored, nothing inherited
+    assert written[1][0] & 8 and not written[1][0] & 2  # strings stored, nothing inherited
     assert read[1].profiles[0]["dtype"] == "fp32"
 
 
@@ -127,7 +127,7 @@ def test_times_seqkv_did_not_write_stay_in_the_json():
         tables = _turn(0, "x")
         tables.profiles[0]["capture_meta"]["created"] = created
         (data,), (back,) = _grow([tables])
-        assert not data[1] & 4
+        assert not data[0] & 4
         assert back.profiles == tables.profiles
 
 
@@ -150,20 +150,21 @@ def _damaged(data: bytes, context: TableContext = FRESH) -> str:
     return message
 
 
-def test_every_truncation_and_flag_of_a_version_2_table_is_refused_in_one_line():
+def test_every_truncation_of_a_version_2_table_is_refused_in_one_line():
     (first,), _ = _grow([_turn(0, "2026-12-06T02:27:19Z", {"meta": {"k": [1, 2]}})])
     for size in range(len(first)):
         assert "trie table is damaged" in _damaged(first[:size])
-    assert "unknown flags 0x1c" in _damaged(first[:1] + bytes([first[1] | 16]) + first[2:])
     assert "3 is newer; upgrade seqkv" in _damaged(bytes([3]) + first[1:])
-    assert "trailing bytes" in _damaged(first + b"\x00")
+    # what follows the table is the segment's token stream
+    assert decode_tables(first + b"\x07\x08", 0, "x").tokens == b"\x07\x08"
+    assert decode_tables(first, 0, "x").tokens == b""
 
 
 def _raw(flags: int, *fields: bytes) -> bytes:
-    return bytes([2, flags]) + b"".join(fields)
+    return bytes([0x20 | flags]) + b"".join(fields)
 
 
-ONE_NODE = bytes.fromhex("010100 00 00 05 00 0000")  # counts 1/1/0, a root of 5 tokens
+ONE_NODE = bytes.fromhex("0101 00 00 05 00 0000")  # counts 1/1, a root of 5 tokens
 ONE_SESSION = bytes.fromhex("04 ffff")  # ends at the root's end, no log2 PP
 
 
@@ -247,7 +248,7 @@ def test_a_zlib_bomb_in_version_2_strings_stops_at_the_cap():
 def test_an_id_cannot_grow_past_64_kib_by_sharing():
     """Each id may repeat all of the one before: a chain of them stops at 64 KiB an id."""
     n = 70
-    counts = encode_varint(1) + encode_varint(n) + b"\x00" + bytes.fromhex("00 00 05 00 0000")
+    counts = encode_varint(1) + encode_varint(n) + bytes.fromhex("00 00 05 00 0000")
     sessions = bytes.fromhex("04 ffff") + bytes.fromhex("00 ffff") * (n - 1)
     ids = b"".join(encode_varint(1000 * k) + encode_varint(1000) + b"b" * 1000 for k in range(n))
     assert "longer than the name before it allows" in _damaged(_raw(8, counts, sessions, ids))
