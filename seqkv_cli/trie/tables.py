@@ -39,7 +39,7 @@ FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in th
 # version 2 only:
 FLAG_INHERITED = 2  # the profiles are the segment before's (none stored)
 FLAG_CREATED = 4  # a creation time: zigzag seconds after the segment before's
-FLAG_STRINGS = 8  # a zlib'd JSON block follows the ids (profiles, extras)
+FLAG_STRINGS = 8  # a zlib'd JSON block ends the table (profiles; the ids with their metadata)
 FLAG_KV = 16  # a K/V block count follows (per-vector codecs; 0 when absent)
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # seqkv_cli.clock writes these; others stay JSON
 MAX_CREATED = 1 << 40  # seconds: some 30,000 years, and a bound on a crafted delta
@@ -205,7 +205,7 @@ def encode_tables(
 def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> bytes:
     stored, created = stored_profiles(tables.profiles)
     inherited = bool(stored) and tuple(stored) == context.profiles
-    extras = [[j, r.extra] for j, r in enumerate(tables.sessions) if r.extra]
+    extras = any(r.extra for r in tables.sessions)
     flags = FLAG_PROFILES if len(tables.profiles) > 1 else 0
     flags |= FLAG_INHERITED if inherited else 0
     flags |= 0 if created is None else FLAG_CREATED
@@ -215,18 +215,19 @@ def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> 
     if created is not None:
         _varint(zigzag_encode(created - context.created), out)
     _counts_and_rows(tables, first_node, flags, out, 2)
-    before = context.last_id.encode()
-    for rec in tables.sessions:
-        name = rec.id.encode()
-        shared = _shared_prefix(before, name)
-        _varint(shared, out)
-        _varint(len(name) - shared, out)
-        out += name[shared:]
-        before = name
+    if not flags & FLAG_STRINGS:  # else the ids go in the JSON block, zlib'd with the rest
+        before = context.last_id.encode()
+        for rec in tables.sessions:
+            name = rec.id.encode()
+            shared = _shared_prefix(before, name)
+            _varint(shared, out)
+            _varint(len(name) - shared, out)
+            out += name[shared:]
+            before = name
     if flags & FLAG_STRINGS:
         strings: dict = {} if inherited else {"profiles": stored}
-        if extras:
-            strings["extras"] = extras
+        # the ids with their metadata, as version 1 writes them: zlib finds what they share
+        strings["sessions"] = [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions]
         packed = zlib.compress(json.dumps(strings, separators=(",", ":")).encode(), 9)
         _varint(len(packed), out)
         out += packed
@@ -372,7 +373,7 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
             raise r.fail("its creation time is out of range")
     nodes, sessions, kv_blocks = _rows(r, first_node, flags, 2)
     before, budget = context.last_id.encode(), _names_limit(len(sessions))
-    for rec in sessions:
+    for rec in sessions if not flags & FLAG_STRINGS else ():
         shared, size = r.varint(), r.varint()
         if shared > len(before) or shared + size > NAMES_BYTES_PER_SESSION:
             raise r.fail("a session name is longer than the name before it allows")
@@ -393,20 +394,21 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
             raise r.fail("its profiles do not decompress") from None
         if not isinstance(strings, dict) or too_deep(strings, MAX_JSON_DEPTH):
             raise r.fail(f"its profiles are not an object nesting at most {MAX_JSON_DEPTH} levels")
+    if flags & FLAG_STRINGS:
+        rows = strings.get("sessions")
+        if not isinstance(rows, list) or len(rows) != len(sessions):
+            raise r.fail("session names do not match the session count")
+        for rec, row in zip(sessions, rows, strict=True):
+            if not (isinstance(row, list) and row and isinstance(row[0], str) and row[0]):
+                raise r.fail("a session has no name")
+            if len(row) > 2 or (len(row) == 2 and not isinstance(row[1], dict)):
+                raise r.fail("a session's metadata is not an object")
+            rec.id, rec.extra = row[0], row[1] if len(row) == 2 else {}
     if bool(flags & FLAG_INHERITED) == ("profiles" in strings):
         raise r.fail("its profiles are both inherited and stored, or neither")
     inherited = flags & FLAG_INHERITED
     profiles = copy.deepcopy(list(context.profiles)) if inherited else strings["profiles"]
     _check_profiles(r, sessions, profiles)
-    for row in strings.get("extras", []):
-        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)):
-            raise r.fail("a session's metadata is not [index, object]")
-        local = row[0]
-        if isinstance(local, bool) or not isinstance(local, int) or not 0 <= local < len(sessions):
-            raise r.fail("metadata names a session the segment does not hold")
-        if sessions[local].extra:
-            raise r.fail("a session's metadata is given twice")
-        sessions[local].extra = row[1]
     if created is not None:
         stamp = _created(created)
         profiles = [dict(p, capture_meta=dict(_meta(p), created=stamp)) for p in profiles]

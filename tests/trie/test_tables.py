@@ -176,60 +176,68 @@ def _strings(obj: object) -> bytes:
     return bytes([len(packed)]) + packed
 
 
+PLAIN = TableContext(profiles=({},))  # a segment before whose profile is inherited
+ID = b"\x00\x01a"  # the front-coded id "a" (tables without a JSON block)
+
+
 @pytest.mark.parametrize(
     ("data", "context", "words"),
     [
-        (_raw(8, ONE_NODE, ONE_SESSION, b"\x03\x01a"), TableContext("ab"), "longer than the name"),
-        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x00"), FRESH, "has no name"),
-        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x02\xff\xfe"), FRESH, "not UTF-8"),
-        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({})), FRESH, "or neither"),
+        (_raw(2, ONE_NODE, ONE_SESSION, b"\x03\x01a"), TableContext("ab", ({},)), "longer than"),
+        (_raw(2, ONE_NODE, ONE_SESSION, b"\x00\x00"), PLAIN, "has no name"),
+        (_raw(2, ONE_NODE, ONE_SESSION, b"\x00\x02\xff\xfe"), PLAIN, "not UTF-8"),
+        (_raw(0, ONE_NODE, ONE_SESSION, ID), FRESH, "or neither"),
+        (_raw(8, ONE_NODE, ONE_SESSION, _strings({"sessions": [["a"]]})), FRESH, "or neither"),
         (
-            _raw(10, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({"profiles": [{}]})),
-            TableContext(profiles=({},)),
+            _raw(10, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}], "sessions": [["a"]]})),
+            PLAIN,
             "both inherited and stored",
         ),
-        (_raw(2, ONE_NODE, ONE_SESSION, b"\x00\x01a"), FRESH, "names a missing profile"),
+        (_raw(2, ONE_NODE, ONE_SESSION, ID), FRESH, "names a missing profile"),
+        (_raw(8, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}]})), FRESH, "session count"),
         (
             _raw(
-                8,
-                ONE_NODE,
-                ONE_SESSION,
-                b"\x00\x01a",
-                _strings({"profiles": [{}], "extras": [[1, {}]]}),
+                8, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}], "sessions": [["a"], ["b"]]})
             ),
             FRESH,
-            "does not hold",
+            "session count",
+        ),
+        (
+            _raw(8, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}], "sessions": [[""]]})),
+            FRESH,
+            "no name",
+        ),
+        (
+            _raw(8, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}], "sessions": [[7]]})),
+            FRESH,
+            "no name",
+        ),
+        (
+            _raw(8, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}], "sessions": [["a", 5]]})),
+            FRESH,
+            "not an object",
         ),
         (
             _raw(
-                8,
-                ONE_NODE,
-                ONE_SESSION,
-                b"\x00\x01a",
-                _strings({"profiles": [{}], "extras": [[0, {"a": 1}], [0, {"b": 2}]]}),
+                8, ONE_NODE, ONE_SESSION, _strings({"profiles": [{}], "sessions": [["a", {}, {}]]})
             ),
             FRESH,
-            "given twice",
+            "not an object",
         ),
+        (_raw(8, ONE_NODE, ONE_SESSION, _strings([])), FRESH, "not an object"),
         (
-            _raw(
-                8,
-                ONE_NODE,
-                ONE_SESSION,
-                b"\x00\x01a",
-                _strings({"profiles": [{}], "extras": [[True, {}]]}),
-            ),
-            FRESH,
-            "does not hold",
-        ),
-        (_raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings([])), FRESH, "not an object"),
-        (
-            _raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({"profiles": DEEP})),
+            _raw(8, ONE_NODE, ONE_SESSION, _strings({"profiles": DEEP, "sessions": [["a"]]})),
             FRESH,
             "nesting at most",
         ),
         (
-            _raw(12, b"\x01", ONE_NODE, ONE_SESSION, b"\x00\x01a", _strings({"profiles": [{}]})),
+            _raw(
+                12,
+                b"\x01",
+                ONE_NODE,
+                ONE_SESSION,
+                _strings({"profiles": [{}], "sessions": [["a"]]}),
+            ),
             FRESH,
             "creation time is out of range",
         ),
@@ -241,7 +249,7 @@ def test_a_version_2_table_with_hostile_fields_is_refused(data, context, words):
 
 def test_a_zlib_bomb_in_version_2_strings_stops_at_the_cap():
     bomb = zlib.compress(b" " * (64 << 20), 9)
-    data = _raw(8, ONE_NODE, ONE_SESSION, b"\x00\x01a", encode_varint(len(bomb)), bomb)
+    data = _raw(8, ONE_NODE, ONE_SESSION, encode_varint(len(bomb)), bomb)
     assert "inflate past" in _damaged(data)
 
 
@@ -251,4 +259,6 @@ def test_an_id_cannot_grow_past_64_kib_by_sharing():
     counts = encode_varint(1) + encode_varint(n) + bytes.fromhex("00 00 05 00 0000")
     sessions = bytes.fromhex("04 ffff") + bytes.fromhex("00 ffff") * (n - 1)
     ids = b"".join(encode_varint(1000 * k) + encode_varint(1000) + b"b" * 1000 for k in range(n))
-    assert "longer than the name before it allows" in _damaged(_raw(8, counts, sessions, ids))
+    assert "longer than the name before it allows" in _damaged(
+        _raw(2, counts, sessions, ids), PLAIN
+    )
