@@ -126,14 +126,15 @@ def _table(record: IndexRecord, start: int) -> bytes:
         if s.offset != cursor:  # offsets are implied, so they must follow from the tiling
             raise SchemaViolation(f"section {s.name!r} does not start where the one before ends")
         name = s.name.encode("utf-8")
-        shared = _shared_prefix(before, name)
+        shared = shared_prefix(before, name)
         out += encode_varint(shared) + encode_varint(len(name) - shared) + name[shared:]
         out += encode_varint(s.length) + s.crc32c.to_bytes(4, "little")
         before, cursor = name, cursor + s.length
     return bytes(out)
 
 
-def _shared_prefix(a: bytes, b: bytes) -> int:
+def shared_prefix(a: bytes, b: bytes) -> int:
+    """Bytes `a` and `b` share at their start (front coding: here, and trie session ids)."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i

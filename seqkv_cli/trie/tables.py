@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from seqkv_cli.container.format import MAX_INDEX_BYTES
+from seqkv_cli.container.index import shared_prefix
 from seqkv_cli.errors import SeqkvError
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint, zigzag_decode, zigzag_encode
@@ -193,13 +194,20 @@ def encode_tables(
     flags = FLAG_PROFILES if len(tables.profiles) > 1 else 0
     out = bytearray(_HEAD.pack(MAGIC, VERSION, flags))
     _counts_and_rows(tables, first_node, flags, out)
-    strings = {
-        "profiles": tables.profiles,
-        "sessions": [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions],
-    }
+    _pack_strings({"profiles": tables.profiles, "sessions": _name_rows(tables)}, out)
+    return bytes(out)
+
+
+def _name_rows(tables: SegmentTables) -> list[list]:
+    """Each session's id, with its own metadata where it has any (both versions)."""
+    return [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions]
+
+
+def _pack_strings(strings: dict, out: bytearray) -> None:
+    """The zlib'd JSON block that ends a table: its length, then its bytes."""
     packed = zlib.compress(json.dumps(strings, separators=(",", ":")).encode(), 9)
     _varint(len(packed), out)
-    return bytes(out + packed)
+    out += packed
 
 
 def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> bytes:
@@ -215,32 +223,20 @@ def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> 
     if created is not None:
         _varint(zigzag_encode(created - context.created), out)
     _counts_and_rows(tables, first_node, flags, out, 2)
-    if not flags & FLAG_STRINGS:  # else the ids go in the JSON block, zlib'd with the rest
+    if flags & FLAG_STRINGS:
+        # the ids with their metadata, as version 1 writes them: zlib finds what they share
+        strings: dict = {} if inherited else {"profiles": stored}
+        _pack_strings(dict(strings, sessions=_name_rows(tables)), out)
+    else:  # each id front-coded against the one before
         before = context.last_id.encode()
         for rec in tables.sessions:
             name = rec.id.encode()
-            shared = _shared_prefix(before, name)
+            shared = shared_prefix(before, name)
             _varint(shared, out)
             _varint(len(name) - shared, out)
             out += name[shared:]
             before = name
-    if flags & FLAG_STRINGS:
-        strings: dict = {} if inherited else {"profiles": stored}
-        # the ids with their metadata, as version 1 writes them: zlib finds what they share
-        strings["sessions"] = [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions]
-        packed = zlib.compress(json.dumps(strings, separators=(",", ":")).encode(), 9)
-        _varint(len(packed), out)
-        out += packed
     return bytes(out)
-
-
-def _shared_prefix(a: bytes, b: bytes) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _counts_and_rows(
@@ -372,20 +368,8 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
         if not 0 < created < MAX_CREATED:
             raise r.fail("its creation time is out of range")
     nodes, sessions, kv_blocks = _rows(r, first_node, flags, 2)
-    before, budget = context.last_id.encode(), _names_limit(len(sessions))
-    for rec in sessions if not flags & FLAG_STRINGS else ():
-        shared, size = r.varint(), r.varint()
-        if shared > len(before) or shared + size > NAMES_BYTES_PER_SESSION:
-            raise r.fail("a session name is longer than the name before it allows")
-        name = before[:shared] + r.take(size)
-        budget -= len(name)
-        if not name or budget < 0:
-            raise r.fail("a session has no name" if not name else "its session names are too long")
-        try:
-            rec.id = name.decode("utf-8")
-        except UnicodeDecodeError:
-            raise r.fail("a session name is not UTF-8") from None
-        before = name
+    if not flags & FLAG_STRINGS:
+        _front_coded_ids(r, sessions, context.last_id)
     strings: dict = {}
     if flags & FLAG_STRINGS:
         try:
@@ -418,6 +402,25 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
 def is_version_2(index: bytes) -> bool:
     """Whether a segment's encoded table is version 2 (its tokens then follow it)."""
     return bool(index) and index[0] & ~V2_FLAGS == V2_TAG
+
+
+def _front_coded_ids(r: _Reader, sessions: list[SessionRecord], last_id: str) -> None:
+    """Each session's id: the bytes it shares with the id before it (`last_id` for the
+    first), then its own; at most 64 KiB an id and the segment's names budget in all."""
+    before, budget = last_id.encode(), _names_limit(len(sessions))
+    for rec in sessions:
+        shared, size = r.varint(), r.varint()
+        if shared > len(before) or shared + size > NAMES_BYTES_PER_SESSION:
+            raise r.fail("a session name is longer than the name before it allows")
+        name = before[:shared] + r.take(size)
+        budget -= len(name)
+        if not name or budget < 0:
+            raise r.fail("a session has no name" if not name else "its session names are too long")
+        try:
+            rec.id = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise r.fail("a session name is not UTF-8") from None
+        before = name
 
 
 def _inflate(packed: bytes, limit: int, r: _Reader) -> bytes:
