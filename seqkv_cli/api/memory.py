@@ -50,6 +50,7 @@ from seqkv_cli.archive import (
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import discard_quietly, publish, staging_name
 from seqkv_cli.kvcapture.caches import to_cache
+from seqkv_cli.sequential.load_modes import check_mode, mode_codec
 
 if TYPE_CHECKING:
     from seqkv_cli.runtime.loading import LoadedModel
@@ -69,6 +70,8 @@ class SessionInfo:
     bytes: int  # what this session adds on its own (its tokens past the shared prefix, residual)
     shared_prefix: int  # positions it shares with other sessions
     restore: str  # "replay", "canonical + residual" or "canonical" (how `load` rebuilds K/V)
+    # how its tokens load: "small" (decoded by stepping the model), "fast" (read), or "mixed"
+    load: str = "small"
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class MemoryArchive:
         tokenizer: object = None,
         codec: str | dict = "seq",
         numerics: str | None = None,
+        load: str | None = None,
     ) -> None:
         from seqkv_cli.runtime.loading import resolve_model
         from seqkv_cli.runtime.numerics import DEFAULT
@@ -145,6 +149,7 @@ class MemoryArchive:
         # from a file, a missing path means the legacy forward that predates the field).
         config.setdefault("numerics", numerics or DEFAULT)
         self._coder = resolve_codec(config)
+        self._load = None if load is None else check_mode(load)
         self._lm = resolve_model(model, tokenizer=tokenizer)
         # Replay runs the user's own object (their dtype, device, attention), not seqkv's copy.
         self._own_model = model if hasattr(model, "state_dict") else None
@@ -220,12 +225,15 @@ class MemoryArchive:
         session added with its cache) unless `dtype` says otherwise, on the model's device
         unless `device` says otherwise. A
         session stored for replay re-runs the model it was added with and is checked against
-        its digest; `replay=False` gives the canonical K/V instead."""
-        cap = self.load_capture(session_id)
-        rec = read_record(cap.meta, cap.positions)
-        keys, values = cap.keys, cap.values
+        its digest; `replay=False` gives the canonical K/V instead. A replayed session stored
+        with `load="fast"` is read without running seqkv's model: the replay is the load."""
+        rec, positions, tokens = self._replay_tokens(session_id) if replay else (None, 0, None)
+        if tokens is None:
+            cap = self.load_capture(session_id)
+            rec, positions = read_record(cap.meta, cap.positions), cap.positions
+            keys, values, tokens = cap.keys, cap.values, cap.tokens.tolist()
         if rec is not None and replay:
-            got = reproduced(self._runner, cap.tokens.tolist(), rec)
+            got = reproduced(self._runner, tokens, rec)
             if got is None:
                 raise SeqkvError(not_reproduced_message(session_id, rec, self._runner, None))
             keys, values = got
@@ -236,8 +244,21 @@ class MemoryArchive:
             device = model_device(own if own is not None else self._lm.module)
         cache = to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
         calls = rec["calls"] if rec is not None and replay else None
-        _LOADED[cache] = Loaded.of(cap.positions, calls)
+        _LOADED[cache] = Loaded.of(positions, calls)
         return cache
+
+    def _replay_tokens(self, session_id: str) -> tuple[dict | None, int, list[int] | None]:
+        """(replay record, positions, token ids) of a replayed session whose tokens are read
+        without the model (a "fast" session); (None, 0, None) for any other."""
+        with Archive(self._file(), model=self._lm) as arc:
+            entry = arc.session(str(session_id))
+            rec = entry_record(entry)
+            if rec is None:
+                return None, 0, None
+            ids = arc.known_tokens(entry, self._lm.vocab_size)
+        if ids is None:
+            return None, 0, None
+        return rec, int(entry["positions"]), ids.tolist()
 
     # -- writing --------------------------------------------------------------------------
     def add(
@@ -253,6 +274,7 @@ class MemoryArchive:
         verify: bool = False,
         meta: dict | None = None,
         max_relative_difference: float | None = None,
+        load: str | None = None,
     ) -> AddReport:
         """Store a session: its token ids and, with `cache`, what makes `load` return it.
 
@@ -280,20 +302,29 @@ class MemoryArchive:
         ‖canonical‖, worst layer) is above it — a cache of another model.
         `verify` restores the whole archive's new session before returning (slow: the
         decoder steps the model once per token).
+        `load`: "small" (tokens coded under the model: fewest bytes, a load steps the model
+        once a token) or "fast" (a static table of the turn's tokens: more bytes, a load reads
+        them and needs one prefill, or only the replay); default: `open_archive`'s `load`,
+        else the archive's own codec.
         """
-        # One session of add_many: this call's arguments by name (all but self and verify).
+        # One session of add_many: this call's arguments by name (all but self, verify, load).
         item = {name: value for name, value in locals().items() if name in _ADD_DEFAULTS}
-        return self.add_many([item], verify=verify)[0]
+        return self.add_many([item], verify=verify, load=load)[0]
 
     def add_many(
-        self, sessions: Iterable[Mapping[str, object]], *, verify: bool = False
+        self,
+        sessions: Iterable[Mapping[str, object]],
+        *,
+        verify: bool = False,
+        load: str | None = None,
     ) -> list[AddReport]:
         """Store several sessions in one append (one segment: cheaper than one `add` each,
         and one commit: all of them or none). Each item is a mapping of `add`'s arguments by
         name (`session_id`, `input_ids`, and optionally `cache`, `residual`, `tolerance`,
-        `prompt_length`, `schedule`, `meta`, `max_relative_difference`). Every report's
-        `added_bytes` is what the whole batch added."""
+        `prompt_length`, `schedule`, `meta`, `max_relative_difference`); `load` is the whole
+        append's. Every report's `added_bytes` is what the whole batch added."""
         self._open()
+        load = self._load if load is None else check_mode(load)
         items = [dict(item) for item in sessions]
         if not items:
             raise SeqkvError("add_many: no sessions given")
@@ -310,7 +341,7 @@ class MemoryArchive:
                 )
             known.add(sid)
             prepared.append(prepare_session(self._lm, self._runner, self._coder, sid, args))
-        written = self._store([p.source for p in prepared])
+        written = self._store([p.source for p in prepared], load)
         reports = []
         for p in prepared:
             if verify:
@@ -333,22 +364,24 @@ class MemoryArchive:
         return reports
 
     # -- internals ------------------------------------------------------------------------
-    def _store(self, sources) -> Written:
-        """Append `sources` to the archive, or create it with them."""
+    def _store(self, sources, load: str | None = None) -> Written:
+        """Append `sources` to the archive (in load mode `load`), or create it with them."""
         if not self.path.is_file():
-            created = self._create(sources)
+            created = self._create(sources, load)
             if created is not None:
                 return Written(created, created, None)
             self._check_existing()  # another writer created the file meanwhile: append to it
-        result = add_sources(self.path, sources, self._lm)
+        result = add_sources(self.path, sources, self._lm, load=load)
         return Written(result.added_bytes, result.file_bytes, result.new_tokens)
 
-    def _create(self, sources) -> int | None:
+    def _create(self, sources, load: str | None = None) -> int | None:
         """A new archive holding `sources`, published only if `path` still does not exist
-        (a hard link never replaces a file): its size, or None when another writer won."""
+        (a hard link never replaces a file): its size, or None when another writer won. Its
+        codec is the one `load` asks for (the archive's default for later adds)."""
+        coder = self._coder if load is None else mode_codec(self._coder, load)
         tmp = staging_name(self.path, ".new.skv")
         try:
-            result = compress_sources(sources, tmp, self._coder, False, self._lm, None)
+            result = compress_sources(sources, tmp, coder, False, self._lm, None)
             return result.file_bytes if publish(tmp, self.path, exclusive=True) else None
         finally:
             discard_quietly(tmp)
@@ -393,14 +426,19 @@ def open_archive(
     tokenizer: object = None,
     codec: str | dict = "seq",
     numerics: str | None = None,
+    load: str | None = None,
 ):
     """Open (or, on the first `add`, create) a trie archive of `model`'s sessions.
 
     `model`: a transformers PreTrainedModel, a folder or `.gguf` path, or None for the
     embedded default. A model object is fingerprinted (weights, config and `tokenizer`, or the
     tokenizer saved beside it); the archive refuses a different one. `codec` applies to a new
-    file (an existing file keeps its own)."""
-    return MemoryArchive(path, model, tokenizer=tokenizer, codec=codec, numerics=numerics)
+    file (an existing file keeps its own). `load` ("small" or "fast") is how this handle's
+    `add`s store their sessions (docs/AGENT_MEMORY.md, "Load time or bytes"); None keeps the
+    archive's own codec."""
+    return MemoryArchive(
+        path, model, tokenizer=tokenizer, codec=codec, numerics=numerics, load=load
+    )
 
 
 def _loaded(cache: object) -> Loaded | None:
@@ -416,7 +454,7 @@ def _loaded(cache: object) -> Loaded | None:
 _ADD_DEFAULTS = {
     name: parameter.default
     for name, parameter in inspect.signature(MemoryArchive.add).parameters.items()
-    if name not in ("self", "verify")
+    if name not in ("self", "verify", "load")
 }
 _ADD_REQUIRED = {name for name, value in _ADD_DEFAULTS.items() if value is inspect.Parameter.empty}
 
@@ -451,7 +489,12 @@ def session_infos(path: Path) -> list[SessionInfo]:
             how = "replay"
         out.append(
             SessionInfo(
-                r["id"], int(r["positions"]), int(r["own_bytes"]), int(r["shared_prefix"]), how
+                r["id"],
+                int(r["positions"]),
+                int(r["own_bytes"]),
+                int(r["shared_prefix"]),
+                how,
+                r["load"],
             )
         )
     return out

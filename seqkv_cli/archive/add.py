@@ -13,9 +13,10 @@ from pathlib import Path
 
 from seqkv_cli.archive.identity import fingerprint_matches, load_canonical, model_identity
 from seqkv_cli.container import locked_for_append
-from seqkv_cli.container.format import LAYOUT_RECORDS
+from seqkv_cli.container.format import LAYOUT_RECORDS, SEGMENT_CODECS_MINOR
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.loading import LoadedModel, load_model
+from seqkv_cli.sequential.load_modes import check_mode, load_mode, mode_codec
 from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import (
     FRESH,
@@ -50,10 +51,11 @@ def add_captures(
     capture_paths: list[Path],
     model: str | LoadedModel | None = None,
     on_wait: Callable[[], None] | None = None,
+    load: str | None = None,
 ) -> AddResult:
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
-    return add_sources(path, [Source.from_path(p) for p in capture_paths], model, on_wait)
+    return add_sources(path, [Source.from_path(p) for p in capture_paths], model, on_wait, load)
 
 
 def add_sources(
@@ -61,8 +63,12 @@ def add_sources(
     sources: list[Source],
     model: str | LoadedModel | None = None,
     on_wait: Callable[[], None] | None = None,
+    load: str | None = None,
 ) -> AddResult:
-    """Append sessions (capture files or in-memory captures) to the trie archive `path`."""
+    """Append sessions (capture files or in-memory captures) to the trie archive `path`.
+
+    `load` ("small" or "fast", sequential/load_modes.py) codes them for that load time; None
+    keeps the archive's own codec."""
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
     refuse_empty(sources)
@@ -70,7 +76,7 @@ def add_sources(
         if appender.compact:
             model = _expand_compact(appender, model, path)
     if appender.compact:  # now a full-layout archive: lock it again (a waiter may be first)
-        return add_sources(path, sources, model, on_wait)
+        return add_sources(path, sources, model, on_wait, load)
     with locked_for_append(path, on_wait) as appender:
         reader = appender.reader
         header = reader.header
@@ -88,19 +94,45 @@ def add_sources(
         # bounded before the model is known; _model_side checks the model's own context
         contents = load_trie(reader, Path(path), max_context=MAX_POSITIONS)
         coder = resolve_codec(header["pipeline"][0])
+        segment_coder = _segment_coder(coder, load, reader, path)
         _check_new(sources, contents, header, path)
         before = reader.slot.committed_end  # a torn tail of a killed add is dropped, not kept
         segment = len(contents.segments) + 1
         canon, source = _model_side(coder, contents, reader, model, header, path)
         # a file older than 1.6 takes version-1 tables, so the seqkv that wrote it still reads it
         versioned = reader.layout == LAYOUT_RECORDS
-        build = grow_segment(contents, source, sources, coder, canon, versioned)
+        packed = reader.version >= (1, SEGMENT_CODECS_MINOR)  # packed ids: a 1.7 file
+        build = grow_segment(
+            contents, source, sources, segment_coder, canon, versioned, coder, packed
+        )
         written = appender.commit([], segment_sections(build, segment))
     new_tokens = sum(n.n_tokens for n in build.tables.nodes)
     positions = sum(len(s.tokens) for s in sources)
     return AddResult(
         len(sources), positions, new_tokens, written.file_bytes - before, written.file_bytes
     )
+
+
+def _segment_coder(coder, load: str | None, reader, path):
+    """The codec of the new segment: the archive's, or the one `load` asks for, which a file
+    older than 1.7 cannot name (the seqkv that wrote it would read it as damaged)."""
+    if load is None:
+        return coder
+    check_mode(load)
+    if not capabilities(coder).needs_canonical:
+        raise SeqkvError(
+            f"{path} keeps K/V with the per-vector codec {coder.codec_id}: its load time is "
+            "one pass over the blocks; load= applies to seq and seq-fast archives"
+        )
+    wanted = mode_codec(coder, load)
+    if wanted is not coder and reader.version < (1, SEGMENT_CODECS_MINOR):
+        major, minor = reader.version
+        raise SeqkvError(
+            f"{path} is format {major}.{minor}, whose sessions all load one way "
+            f"({load_mode(coder)}); `seqkv archive compact` rewrites it as format "
+            f"1.{SEGMENT_CODECS_MINOR}, which keeps a load mode per session"
+        )
+    return wanted
 
 
 def _expand_compact(appender, model, path):

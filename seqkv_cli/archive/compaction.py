@@ -4,7 +4,9 @@ Appends leave one segment (and one index record) per `add`; compact folds them i
 inserting shorter sessions first so a session that is a prefix of another ends where its own
 node ends. It also converts flat (per-session) archives. The archive is locked meanwhile and
 replaced atomically, only after the new file restores every session bit for bit. Through a
-symlink, the file it names is compacted (the link stays a link).
+symlink, the file it names is compacted (the link stays a link). One trie is coded by one
+codec: every session then loads the same way, the archive's own or the one `load` asks for
+(a session added "fast" to a "small" archive is written small unless `load="fast"`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from seqkv_cli.container import locked_for_append
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import discard_quietly, staging_dir, write_target
 from seqkv_cli.runtime.loading import LoadedModel, load_model
+from seqkv_cli.sequential.load_modes import mode_codec
 from seqkv_cli.sequential.registry import capabilities
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ def compact(
     model: str | LoadedModel | None = None,
     on_wait: Callable[[], None] | None = None,
     near_dup: bool = False,
+    load: str | None = None,
 ):
 
     path = write_target(path)
@@ -50,6 +54,13 @@ def compact(
                     what = f"seq --parallel {arc.codec.parallel} (runs coded per session)"
                 raise SeqkvError(f"{what} keeps the flat layout; nothing to compact")
             refuse_lossy(path, arc.codec)
+            if load is not None:
+                if not needs_model:
+                    raise SeqkvError(
+                        f"{path} keeps K/V with the per-vector codec {arc.codec.codec_id}; "
+                        "--load applies to seq and seq-fast archives"
+                    )
+                spec = mode_codec(arc.codec, load).get_config()
         lm = None
         if needs_model:
             lm = model if isinstance(model, LoadedModel) else load_model(model)

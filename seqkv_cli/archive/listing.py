@@ -120,8 +120,9 @@ def session_rows(path: Path) -> tuple[list[dict], str]:
     """Rows for `archive list` (flat archives list their sessions with no sharing)."""
     with Archive(path) as arc:
         if arc.trie is None:
+            mode = arc.load_mode({})
             rows = [
-                {**s, "own_bytes": s["bytes"], "shared_prefix": 0, "segment": 1}
+                {**s, "own_bytes": s["bytes"], "shared_prefix": 0, "segment": 1, "load": mode}
                 for s in account(arc).sessions
             ]
             return rows, "flat layout: sessions share nothing (`seqkv archive compact` converts)"
@@ -134,6 +135,7 @@ def session_rows(path: Path) -> tuple[list[dict], str]:
                 "shared_prefix": c["shared_prefix"],
                 "segment": e["trie"]["segment"],
                 "log2_ppl": e.get("log2_ppl"),
+                "load": arc.load_mode(e),
             }
             for e, c in zip(arc.sessions, costs, strict=True)
         ]

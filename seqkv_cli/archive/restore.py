@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from seqkv_cli.archive.entries import check_entry
@@ -19,13 +20,17 @@ from seqkv_cli.container.layout import capture_meta_of, kv_part, section_name
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.blocks import to_tensor
 from seqkv_cli.kvcapture.capture_file import check_capture
+from seqkv_cli.sequential.load_modes import segment_codec
 from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import (
     MAX_POSITIONS,
+    NodeSource,
     PartReader,
+    chain,
     check_context,
     check_precision,
     load_trie,
+    node_steps,
     session_entries,
 )
 from seqkv_codecs.errors import CodecError
@@ -72,6 +77,37 @@ class Archive:
         self._model_spec, self._canon = model, None
         if self.trie is not None:
             self.read_part = PartReader(self.reader, self.trie.embedded)
+            for k, codec_id in self.trie.codecs.items():  # named by a segment: one line if bad
+                try:
+                    segment_codec(self.codec, codec_id, k)
+                except SeqkvError as exc:
+                    raise SeqkvError(f"{self.path}: {exc}") from None
+
+    def load_mode(self, entry: dict) -> str:
+        """How the session's tokens load (sequential/load_modes.py): "small" (decoded by
+        stepping the model), "fast" (read, then one prefill) or "mixed" (a fast session on a
+        small prefix, or the other way round); per-vector archives load "fast"."""
+        if self.trie is None or not self.needs_model:
+            return "small" if capabilities(self.codec).steps_model else "fast"
+        steps = node_steps(self.trie, self.codec)
+        path = chain(self.trie.nodes, self.trie.sessions[entry["index"]].end_node)
+        kinds = {steps[n] for n in path}
+        return "mixed" if len(kinds) > 1 else ("small" if kinds == {True} else "fast")
+
+    def known_tokens(self, entry: dict, vocab_size: int) -> np.ndarray | None:
+        """The session's token ids where they are read without the model (every node on its
+        path is coded `seq-fast`, and it is not a near-duplicate's edit), else None."""
+        if self.trie is None or not self.needs_model or entry["trie"].get("centroid") is not None:
+            return None
+        rec = self.trie.sessions[entry["index"]]
+        path = chain(self.trie.nodes, rec.end_node)
+        steps = node_steps(self.trie, self.codec)
+        if any(steps[n] for n in path):
+            return None
+        source = NodeSource(self.trie, self.read_part, vocab_size, self.codec.precision_bits)
+        # each node up to where the next one branches off it; the last up to the session's end
+        ends = [self.trie.nodes[n].attach for n in path[1:]] + [rec.end]
+        return np.concatenate([source.tokens(n)[:end] for n, end in zip(path, ends, strict=True)])
 
     @property
     def needs_model(self) -> bool:

@@ -37,6 +37,16 @@ ArchiveArg = Annotated[
 ]
 
 
+LoadOption = Annotated[
+    str | None,
+    typer.Option(
+        help="small: tokens coded under the model (fewest bytes; a restore steps the model "
+        "once a token); fast: the tokens without the model (more bytes; one prefill). "
+        "Default: the archive's own codec.",
+    ),
+]
+
+
 def _waiting() -> None:
     err_console.print("another seqkv process is writing this archive; waiting for it")
 
@@ -50,11 +60,12 @@ def add_command(
     model: ModelOption = None,
     threads: ThreadsOption = None,
     device: DeviceOption = "auto",
+    load: LoadOption = None,
 ) -> None:
     """Append sessions; only tokens no earlier session has at the same prefix are coded."""
     from seqkv_cli.archive import add_captures
 
-    res = add_captures(archive, list(captures), model=model, on_wait=_waiting)
+    res = add_captures(archive, list(captures), model=model, on_wait=_waiting, load=load)
     console.print(
         f"added {res.sessions} session(s), {res.positions:,} positions, {res.new_tokens:,} new "
         f"tokens: +{human_bytes(res.added_bytes)} -> {human_bytes(res.file_bytes)}"
@@ -73,7 +84,7 @@ def list_command(archive: ArchiveArg) -> None:
         return
     rows, note = session_rows(archive)
     table = Table(title=f"{shown(archive)}: {len(rows)} session(s)")
-    for col in ("id", "tokens", "own bytes", "shared prefix", "segment"):
+    for col in ("id", "tokens", "own bytes", "shared prefix", "segment", "load"):
         table.add_column(col, justify="left" if col == "id" else "right")
     for r in rows:
         table.add_row(
@@ -82,6 +93,7 @@ def list_command(archive: ArchiveArg) -> None:
             human_bytes(r["own_bytes"]),
             f"{r['shared_prefix']:,}",
             str(r["segment"]),
+            r["load"],
         )
     console.print(table)
     if note:
@@ -164,12 +176,13 @@ def compact_command(
     near_dup: Annotated[
         bool, typer.Option("--near-dup", help="Store near-duplicate sessions as edits.")
     ] = False,
+    load: LoadOption = None,
 ) -> None:
     """Rewrite the archive as one trie (folds appended segments; converts flat files)."""
     from seqkv_cli.archive import compact
 
     before = archive.stat().st_size if archive.is_file() else 0
-    res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup)
+    res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup, load=load)
     console.print(
         f"{shown(archive)}: {res.sessions} session(s), {human_bytes(before)} -> "
         f"{human_bytes(res.file_bytes)}",

@@ -19,23 +19,27 @@ FORMAT_MAJOR = 1
 # (container/compact.py), 1.3 compact codes for the portable-fx53-v2 numeric path, 1.4 binary
 # section tables in the full layout (index.py): a JSON row cost ~85 bytes a section, more than
 # the residual parts of a foreign cache themselves; 1.5 compact codes for the portable-fx53-v3
-# numeric path; 1.6 binary records after the first (index.py). FORMAT_MINOR is the newest minor
-# this seqkv reads; whole files are written as 1.6, appends keep the minor of the file they
-# extend, compact files take the oldest minor whose codes they use.
-FORMAT_MINOR = 6
+# numeric path; 1.6 binary records after the first (index.py); 1.7 trie segments coded by
+# another codec than the archive's (a "fast" turn in a `seq` archive, trie/tables.py).
+# FORMAT_MINOR is the newest minor this seqkv reads; whole files are written as 1.7, appends
+# keep the minor of the file they extend, compact files take the oldest minor whose codes
+# they use.
+FORMAT_MINOR = 7
 FULL_LAYOUT_MINOR = 1  # JSON section tables, what seqkv before 0.4 writes and appends to
 TABLES_MINOR = 4
 RECORDS_MINOR = 6
+SEGMENT_CODECS_MINOR = 7
 # Byte 12 of a full-layout file: which encoding its index records use (1 is the compact
 # layout). 1.6 keeps 1.4's first record and writes every later one in binary: an agent's turn
 # appends a segment of a few dozen bytes of tokens, and 1.4's JSON part of a record (its
 # generation and the pointer to the record before, as JSON) was more than those tokens.
 LAYOUT_JSON, LAYOUT_TABLES, LAYOUT_RECORDS = 0, 2, 3
-LAYOUT_MINOR = {
+LAYOUT_MINOR = {  # the first minor of each layout (a preamble naming it with less is damaged)
     LAYOUT_JSON: FULL_LAYOUT_MINOR,
     LAYOUT_TABLES: TABLES_MINOR,
     LAYOUT_RECORDS: RECORDS_MINOR,
 }
+
 PREAMBLE = struct.Struct("<8sHHI")  # magic, major, minor, reserved (zero)
 SLOT_BODY = struct.Struct("<QQQI")  # generation, index offset, index length, index crc
 SLOT_SIZE = SLOT_BODY.size + 4  # + CRC32C of preamble and body
@@ -72,11 +76,12 @@ class Slot:
 
 
 def encode_preamble(layout: int = LAYOUT_RECORDS) -> bytes:
-    """The 16 bytes a full-layout file starts with: 1.6 (binary records), 1.4 or 1.1.
+    """The 16 bytes a full-layout file starts with: 1.7 (binary records), 1.4 or 1.1.
 
     A nonzero byte 12 is what readers since 1.2 check before anything else, so an older seqkv
     refuses a layout it does not know as "written by a newer seqkv" instead of misreading it."""
-    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, LAYOUT_MINOR[layout], layout)
+    minor = FORMAT_MINOR if layout == LAYOUT_RECORDS else LAYOUT_MINOR[layout]
+    return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, minor, layout)
 
 
 def full_layout(head: bytes) -> int | None:

@@ -23,7 +23,7 @@ trie imports one of its modules). Writing, locking and publishing files is the a
 
 from seqkv_cli.trie.compact import compact_form, tables_of
 from seqkv_cli.trie.costs import session_costs, trie_shape
-from seqkv_cli.trie.decode import DecodeStats, decode_sessions
+from seqkv_cli.trie.decode import DecodeStats, decode_sessions, node_steps
 from seqkv_cli.trie.encode import SegmentBuild, refuse_empty
 from seqkv_cli.trie.neardup import (
     COPY,
@@ -109,6 +109,7 @@ __all__ = [
     "index_sections",
     "load_trie",
     "near_prefix",
+    "node_steps",
     "part_name",
     "place_sessions",
     "planned_passes",

@@ -2,7 +2,8 @@
 
 Nodes are decoded parent first; each starts from a fork of its parent's state at its branch
 point. `seq` nodes step the model once per token, several nodes in lockstep as rows of one
-pass, in the order trie/schedule.py decides; `seq-fast` nodes are one prefill each. A node is
+pass, in the order trie/schedule.py decides; `seq-fast` nodes are one prefill each (an archive
+may hold both: each segment says which codec coded it, `TrieContents.codecs`). A node is
 released once its children have started and its sessions are out, so memory holds the
 current frontier, not the archive. Reading nodes: node_source.py; one node's token-by-token
 decoding and its guesses: node_stepper.py; a finished node's run becomes a session's capture
@@ -20,6 +21,7 @@ import numpy as np
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.capture_file import DTYPES
 from seqkv_cli.sequential.adapter import CanonicalLogits, drafts_enabled, unrounded_kv
+from seqkv_cli.sequential.load_modes import segment_codec
 from seqkv_cli.sequential.registry import capabilities
 from seqkv_cli.sequential.session_codec import finish_capture
 from seqkv_cli.trie.node_source import NodeSource
@@ -67,15 +69,27 @@ def decode_sessions(
     stats: DecodeStats | None = None,
 ) -> Iterator[tuple[int, object]]:
     """Yield (session index, Capture or the SeqkvError that stopped it) as sessions finish;
-    `stats`, if given, is filled with what the `seq` decoding cost."""
+    `stats`, if given, is filled with what the `seq` decoding cost. `codec` is the archive's;
+    a segment coded by another says so in its table."""
     need = needed_nodes(contents, wanted)
     stats = stats if stats is not None else DecodeStats()
     stats.total += sum(need.limit.values())
-    decoding = _Decoding(CanonicalLogits(canon), contents.nodes, need, source, stats)
-    stepping = capabilities(codec).steps_model
+    steps = node_steps(contents, codec)
+    decoding = _Decoding(CanonicalLogits(canon), contents.nodes, need, source, stats, steps)
+    stepping = any(steps[n] for n in need.limit)
     for n, done in decoding.stepped() if stepping else decoding.prefilled():
         for s in need.ending.get(n, []):
             yield s, session_capture(done, contents, s, entries[s], reads[s], canon)
+
+
+def node_steps(contents: TrieContents, codec: SessionCodec) -> list[bool]:
+    """Per node: whether its tokens are decoded by stepping the model (`seq`) rather than
+    read and prefilled (`seq-fast`), by the codec of the segment that holds it."""
+    segment_steps = {
+        k: capabilities(segment_codec(codec, contents.codecs.get(k), k)).steps_model
+        for k in contents.segments
+    }
+    return [segment_steps[node.segment] for node in contents.nodes]
 
 
 def session_capture(
@@ -119,9 +133,10 @@ class _Decoding:
         need: NeededNodes,
         source: NodeSource,
         stats: DecodeStats,
+        steps: list[bool],
     ) -> None:
         self.adapter, self.nodes, self.kids, self.limit = adapter, nodes, need.kids, need.limit
-        self.source, self.stats = source, stats
+        self.source, self.stats, self.steps = source, stats, steps
         self.schedule = Schedule(nodes, need.kids)
         self.alive: dict[int, Run | Exception] = {}  # states children still fork from
         self.pending_kids = {n: len(self.kids.get(n, [])) for n in self.limit}
@@ -179,25 +194,33 @@ class _Decoding:
         """seq-fast: each node is one prefill of its known tokens, one node at a time."""
         while self.schedule.busy:
             for n in self.schedule.admit():
-                run = self.fork_or_error(n, stepping=False)
-                if isinstance(run, Run):
-                    prefill(self.adapter, run)
-                    self.stats.tokens += run.n_tokens
-                    self.stats.report()
-                self.adapter.tracks.clear()
-                yield from self.finish(n, run)
+                yield from self._prefilled(n)
+
+    def _prefilled(self, n: int) -> list[tuple[int, Run | Exception]]:
+        """One node whose tokens are known: forked, prefilled and finished at once."""
+        run = self.fork_or_error(n, stepping=False)
+        if isinstance(run, Run):
+            prefill(self.adapter, run)
+            self.stats.tokens += run.n_tokens
+            self.stats.report()
+        self.adapter.tracks.clear()
+        return self.finish(n, run)
 
     def stepped(self) -> Iterator[tuple[int, Run | Exception]]:
         """seq: every running node steps once per model pass, as one row of it; a node that
         becomes ready takes a free row at the next pass (continuous batching). A node's row
         carries guesses of its next tokens when the decoded text suggests some (drafts.py):
-        each right guess is a token decoded in the same pass."""
+        each right guess is a token decoded in the same pass. A node whose tokens are known
+        (a `seq-fast` segment of the same archive) is prefilled when its turn comes."""
         from seqkv_codecs.sequential.drafts import MAX_DRAFT, ROW_BUDGET, DraftIndex
 
         drafter = DraftIndex() if drafts_enabled() else None
         active: dict[int, NodeStepper] = {}
         while self.schedule.busy:
             for n in self.schedule.admit():
+                if not self.steps[n]:
+                    yield from self._prefilled(n)
+                    continue
                 run = self.fork_or_error(n, stepping=True)
                 stepper = NodeStepper.open_or_error(run, self.adapter, self.source, drafter)
                 if isinstance(stepper, Exception):

@@ -34,6 +34,17 @@ class SegmentBuild:
     parts: dict[str, bytes] = field(default_factory=dict)
     token_bits_ideal: float = 0.0
     notes: list[str] = field(default_factory=list)
+    static_ids: np.ndarray | None = None  # new tokens of a model-free stream (static_tokens)
+
+    def pack_ids_if_smaller(self) -> None:
+        """A model-free token stream as packed ids where that is smaller (an agent's turn:
+        a static table costs more than its ~100 ids); format 1.7 files only."""
+        from seqkv_codecs.packed_ids import pack_ids
+
+        if self.static_ids is not None and len(self.static_ids):
+            packed = pack_ids(self.static_ids)
+            if len(packed) < len(self.parts.get("tokens", b"")):
+                self.parts["tokens"] = packed
 
     def bytes_of(self, kind: str) -> int:
         """Bytes of parts named `kind...` (a near-duplicate's edits count as tokens)."""
@@ -315,6 +326,7 @@ def static_tokens(token_runs: list[np.ndarray], vocab: int, build: SegmentBuild)
     from seqkv_codecs.entropy import encode_symbols
 
     tokens = np.concatenate(token_runs) if token_runs else np.zeros(0, np.int64)
+    build.static_ids = tokens
     counts = np.bincount(tokens, minlength=vocab)
     p = counts[counts > 0] / max(len(tokens), 1)
     build.token_bits_ideal += float(-(counts[counts > 0] * np.log2(p)).sum())

@@ -34,6 +34,7 @@ class NodeSource:
     def tokens(self, n: int) -> np.ndarray:
         from seqkv_codecs.entropy import decode_symbols
         from seqkv_codecs.errors import CodecError
+        from seqkv_codecs.packed_ids import is_packed, unpack_ids
         from seqkv_codecs.sequential.node_stream import token_check
 
         node = self.contents.nodes[n]
@@ -43,7 +44,10 @@ class NodeSource:
             total = sum(x.n_tokens for x in self.contents.nodes if x.segment == node.segment)
             try:
                 data = self.read_part(node.segment, "tokens")
-                ids = decode_symbols(data, max_symbols=total) if data else np.zeros(0, np.int64)
+                if is_packed(data):  # format 1.7: a short segment's ids at a fixed width
+                    ids = unpack_ids(data, total)
+                else:
+                    ids = decode_symbols(data, max_symbols=total) if data else np.zeros(0, int)
             except (CodecError, ValueError) as exc:
                 raise SeqkvError(f"segment {node.segment} token stream: {exc}") from None
             if len(ids) != total or (len(ids) and int(ids.max()) >= self.vocab):

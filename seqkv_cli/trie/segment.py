@@ -29,6 +29,7 @@ from seqkv_cli.trie.encode import (
     encode_model_segment,
     refuse_empty,
     session_records,
+    static_tokens,
 )
 from seqkv_cli.trie.node_source import NodeSource
 from seqkv_cli.trie.oracle import NodeOracle, RowStream, match
@@ -85,11 +86,13 @@ def build_segment(
     members: dict[int, int] | None = None,
     on_session: Callable | None = None,
     context: TableContext | None = None,
+    packed: bool = True,
 ) -> SegmentBuild:
     """The new nodes' parts and tables, coded by `coder`: under the model (`canon`) for a
     model codec, per-vector blocks otherwise (`archived(n)`: an archived node's K/V that a
     new path extends). `first_new`: the first new node's number. `context`: the archive the
-    tables are written against (version 2), None for a version-1 table (an older file)."""
+    tables are written against (version 2), None for a version-1 table (an older file).
+    `packed`: a model-free token stream may be packed ids (a file of format 1.7)."""
     if capabilities(coder).needs_canonical:
         refuse_out_of_vocab(sources, canon.vocab_size)
         build = encode_model_segment(
@@ -99,6 +102,8 @@ def build_segment(
         build = encode_pervector_segment(
             trie, first_new, sources, ends, coder, on_progress, archived
         )
+    if packed:
+        build.pack_ids_if_smaller()
     build.parts["index"] = encode_tables(build.tables, first_new, context)
     return build
 
@@ -110,27 +115,48 @@ def grow_segment(
     coder: SessionCodec | Codec,
     canon,
     versioned: bool = True,
+    archive_codec: SessionCodec | Codec | None = None,
+    packed: bool = True,
 ) -> SegmentBuild:
     """One more segment holding `sources`, on top of the archived trie `contents` (its node
     tokens read through `source`; `canon` is None for per-vector codecs): nothing archived is
-    decoded for `seq`, per-vector blocks only where a new path needs them. `versioned`: its
-    tables are version 2, written against the archive (false for a file older than 1.6)."""
+    decoded where it was coded under the model, per-vector blocks only where a new path needs
+    them. `versioned`: its tables are version 2, written against the archive (false for a
+    file older than 1.6). `coder` codes the new segment; where it is not the archive's own
+    (`archive_codec`, a file of format 1.7), the segment's table names it. `packed`: a
+    model-free token stream may be packed ids (a file of format 1.7)."""
     context = contents.context if versioned else None
     first_new = len(contents.nodes)
-    steps = capabilities(coder).steps_model
+    base = coder if archive_codec is None else archive_codec
+    steps = _stepped_nodes(contents, base)
     trie = Trie()
     for n, node in enumerate(contents.nodes):
-        known = None if steps else source.tokens(n)
+        known = None if steps[n] else source.tokens(n)
         trie.add(PlanNode(node.parent, node.attach, node.start, known, -1, node.n_tokens))
-    if steps:
-        build = _extend_seq(trie, sources, coder, canon, source)
+    if any(steps) or capabilities(coder).steps_model:
+        build = _extend(trie, sources, coder, canon, source)
+        if packed:
+            build.pack_ids_if_smaller()
+        if coder is not base and build.tables.nodes:  # no new tokens: nothing to name
+            build.tables.codec = coder.codec_id
         build.parts["index"] = encode_tables(build.tables, first_new, context)
         return build
+    if coder is not base:
+        raise SeqkvError("internal: a segment of another codec on a trie of known tokens")
     ends = place_sessions(trie, sources)
     archived = _archived_kv(contents, source, coder)
     return build_segment(
-        trie, first_new, sources, ends, coder, canon, None, archived, context=context
+        trie, first_new, sources, ends, coder, canon, None, archived, context=context, packed=packed
     )
+
+
+def _stepped_nodes(contents: TrieContents, base) -> list[bool]:
+    """Per archived node: whether its tokens are only known by decoding it under the model."""
+    if not capabilities(base).needs_canonical:
+        return [False] * len(contents.nodes)
+    from seqkv_cli.trie.decode import node_steps
+
+    return node_steps(contents, base)
 
 
 def segment_sections(build: SegmentBuild, segment: int) -> list[tuple[str, bytes]]:
@@ -176,14 +202,15 @@ def _archived_kv(contents: TrieContents, source: NodeSource, coder) -> Callable 
     return archived
 
 
-def _extend_seq(
-    trie: Trie, sources: list[Source], coder, canon, source: NodeSource
-) -> SegmentBuild:
-    """Each session: one prefill, matched against the trie by the oracle, its tail coded."""
+def _extend(trie: Trie, sources: list[Source], coder, canon, source: NodeSource) -> SegmentBuild:
+    """Each session: one prefill, matched against the trie by the oracle (nodes of known
+    tokens compare directly), its tail coded: under its own rows (`seq`), or with the other
+    tails under one static table (`seq-fast`)."""
     build = SegmentBuild(session_records(sources, [(0, 0)] * len(sources)))
     adapter = CanonicalLogits(canon)
     oracle = NodeOracle(source, coder.precision_bits)
-    payloads = []
+    stepping = capabilities(coder).steps_model
+    payloads, tails = [], []
     for local, src in enumerate(sources):
         rows = RowStream(adapter, src.tokens)
         node, k, matched = match(trie, src.tokens, oracle, rows)
@@ -191,15 +218,19 @@ def _extend_seq(
             end_node, end = trie.normalise(node, k)
         else:
             parent, attach = trie.normalise(node, k)
-            payload, bits = _encode_tail(rows, src.tokens, matched, coder.precision_bits)
             tail = src.tokens[matched:].copy()
+            payload = b""
+            if stepping:
+                payload, bits = _encode_tail(rows, src.tokens, matched, coder.precision_bits)
+                payloads.append(payload)
+                build.token_bits_ideal += bits
+            else:
+                tails.append(tail)
             end_node = trie.add(PlanNode(parent, attach, matched, tail, local))
             end = len(tail)
             build.tables.nodes.append(
                 Node(parent, attach, len(tail), len(payload), token_check(tail))
             )
-            payloads.append(payload)
-            build.token_bits_ideal += bits
         record = build.tables.sessions[local]
         record.end_node, record.end = end_node, end
         track = rows.finish()
@@ -216,7 +247,10 @@ def _extend_seq(
             unrounded=track.unrounded,
         )
         adapter.tracks.clear()
-    build.parts["tokens"] = b"".join(payloads)
+    if stepping:
+        build.parts["tokens"] = b"".join(payloads)
+    else:
+        build.parts["tokens"] = static_tokens(tails, canon.vocab_size, build)
     return build
 
 

@@ -64,6 +64,12 @@ class TrieContents:
     kv_blocks: int
     context: TableContext = FRESH  # what a version-2 table of the next segment is written against
     embedded: dict[int, bytes] = field(default_factory=dict)  # segment -> tokens after its table
+    # segment -> its codec id, where the segment is not coded by the archive's codec (1.7)
+    codecs: dict[int, str] = field(default_factory=dict)
+
+    def codec_of(self, segment: int, archive_codec: str) -> str:
+        """The id of the codec that coded `segment`'s tokens."""
+        return self.codecs.get(segment, archive_codec)
 
 
 def load_trie(
@@ -86,6 +92,7 @@ def load_trie(
     kv_blocks = None
     context = FRESH
     embedded: dict[int, bytes] = {}
+    codecs: dict[int, str] = {}
     for k in segments:
         where = f"{path} segment {k}"
         if compact is not None:
@@ -98,6 +105,8 @@ def load_trie(
         context = context.after(tables)
         if tables.tokens is not None:
             embedded[k] = tables.tokens
+        if tables.codec is not None:
+            codecs[k] = tables.codec
         if kv_blocks is not None and tables.kv_blocks != kv_blocks:
             raise SeqkvError(f"{where}: K/V block count differs from earlier segments")
         kv_blocks = tables.kv_blocks
@@ -139,7 +148,7 @@ def load_trie(
     if len(set(ids)) != len(ids):
         raise SeqkvError(f"{path}: a session id appears twice in the trie")
     return TrieContents(
-        nodes, sessions, locals_, profiles, segments, kv_blocks or 0, context, embedded
+        nodes, sessions, locals_, profiles, segments, kv_blocks or 0, context, embedded, codecs
     )
 
 

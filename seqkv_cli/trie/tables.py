@@ -34,6 +34,10 @@ VERSION = 1
 # (0x20-0x3f; a version-1 table starts with "S", 0x53). After the table come the segment's
 # tokens, which version 1 keeps in a section of their own (t<k>/tokens).
 V2_TAG, V2_FLAGS = 0x20, 0x1F
+# Format 1.7 adds a sixth flag (FLAG_CODEC); a table that sets it starts 0x80 | flags instead
+# (0x80-0xbf; 0xc0 and up, a seventh flag, is a newer version). Tables without it keep their
+# 1.6 bytes.
+V2_WIDE_TAG, V2_WIDE_FLAGS = 0x80, 0x3F
 NO_PPL = 0xFFFF  # log2 PP unknown (sessions of fewer than two tokens)
 _HEAD = struct.Struct("<4sBB")  # magic, version, flags
 FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in the segment)
@@ -42,6 +46,10 @@ FLAG_INHERITED = 2  # the profiles are the segment before's (none stored)
 FLAG_CREATED = 4  # a creation time: zigzag seconds after the segment before's
 FLAG_STRINGS = 8  # a zlib'd JSON block ends the table (profiles; the ids with their metadata)
 FLAG_KV = 16  # a K/V block count follows (per-vector codecs; 0 when absent)
+# format 1.7: the segment's codec id follows (its length, then ASCII), where it is not the
+# archive's (`open_archive(load="fast")` on a `seq` archive keeps that turn as `seq-fast`)
+FLAG_CODEC = 32
+MAX_CODEC_ID = 32
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # seqkv_cli.clock writes these; others stay JSON
 MAX_CREATED = 1 << 40  # seconds: some 30,000 years, and a bound on a crafted delta
 # The session names and profiles are what a flat file keeps in its JSON index, so they get
@@ -94,6 +102,7 @@ class SegmentTables:
     profiles: list[dict]
     kv_blocks: int = 0
     tokens: bytes | None = None  # version 2 read: the segment's tokens, after the table
+    codec: str | None = None  # the segment's codec id where it is not the archive's (1.7)
 
 
 @dataclass(frozen=True)
@@ -219,9 +228,16 @@ def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> 
     flags |= 0 if created is None else FLAG_CREATED
     flags |= FLAG_STRINGS if extras or not inherited else 0
     flags |= FLAG_KV if tables.kv_blocks else 0
-    out = bytearray([V2_TAG | flags])
+    flags |= FLAG_CODEC if tables.codec else 0
+    out = bytearray([(V2_WIDE_TAG if flags & FLAG_CODEC else V2_TAG) | flags])
     if created is not None:
         _varint(zigzag_encode(created - context.created), out)
+    if tables.codec:
+        name = tables.codec.encode("ascii")
+        if not 0 < len(name) <= MAX_CODEC_ID:
+            raise SeqkvError(f"internal: codec id {tables.codec!r} cannot be stored")
+        _varint(len(name), out)
+        out += name
     _counts_and_rows(tables, first_node, flags, out, 2)
     if flags & FLAG_STRINGS:
         # the ids with their metadata, as version 1 writes them: zlib finds what they share
@@ -282,8 +298,10 @@ def decode_tables(
     (the archive before it; FRESH for the first segment).
     """
     r = _Reader(bytes(data), where)
-    if r.data[:1] and r.data[0] & ~V2_FLAGS == V2_TAG:
+    if r.data[:1] and _tag_flags(r.data[0]) is not None:
         return _decode_2(r, first_node, FRESH if context is None else context)
+    if r.data[:1] and r.data[0] >= 0xC0:  # a version-2 table with flags this seqkv lacks
+        raise SeqkvError(f"{where}: trie table uses features of a newer seqkv; upgrade seqkv")
     magic, version, flags = _HEAD.unpack(r.take(_HEAD.size))
     if magic != MAGIC:
         if r.data[0] < 0x20:  # what a later version would start with, not damage
@@ -360,13 +378,31 @@ def _check_profiles(r: _Reader, sessions: list[SessionRecord], profiles: object)
             raise r.fail(f"session {rec.id!r} names a missing profile")
 
 
+def _tag_flags(first: int) -> int | None:
+    """The flags of a version-2 table's first byte; None for another kind of table."""
+    if first & ~V2_FLAGS == V2_TAG:
+        return first & V2_FLAGS
+    if first & ~V2_WIDE_FLAGS == V2_WIDE_TAG and first & FLAG_CODEC:
+        return first & V2_WIDE_FLAGS
+    return None
+
+
 def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTables:
-    flags = r.take(1)[0] & V2_FLAGS
+    flags = _tag_flags(r.take(1)[0]) or 0
     created = None
     if flags & FLAG_CREATED:
         created = context.created + zigzag_decode(r.varint())
         if not 0 < created < MAX_CREATED:
             raise r.fail("its creation time is out of range")
+    codec = None
+    if flags & FLAG_CODEC:
+        size = r.varint()
+        if not 0 < size <= MAX_CODEC_ID:
+            raise r.fail("its codec id has an impossible length")
+        raw = r.take(size)
+        if not raw.isascii() or not raw.decode().replace("-", "").isalnum():
+            raise r.fail("its codec id is not a codec name")
+        codec = raw.decode()
     nodes, sessions, kv_blocks = _rows(r, first_node, flags, 2)
     if not flags & FLAG_STRINGS:
         _front_coded_ids(r, sessions, context.last_id)
@@ -396,12 +432,12 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
     if created is not None:
         stamp = _created(created)
         profiles = [dict(p, capture_meta=dict(_meta(p), created=stamp)) for p in profiles]
-    return SegmentTables(nodes, sessions, profiles, kv_blocks, r.data[r.pos :])
+    return SegmentTables(nodes, sessions, profiles, kv_blocks, r.data[r.pos :], codec)
 
 
 def is_version_2(index: bytes) -> bool:
     """Whether a segment's encoded table is version 2 (its tokens then follow it)."""
-    return bool(index) and index[0] & ~V2_FLAGS == V2_TAG
+    return bool(index) and _tag_flags(index[0]) is not None
 
 
 def _front_coded_ids(r: _Reader, sessions: list[SessionRecord], last_id: str) -> None:

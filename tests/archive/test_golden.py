@@ -208,3 +208,34 @@ def test_binary_record_golden_restores_every_session_bit_for_bit(name):
     assert created[1:] == ["2026-11-30T00:53:34Z", "2026-11-30T00:53:41Z"]
     for sid, cut in zip(want["sessions"], want["tokens"], strict=True):
         assert restored[sid].tokens.tolist() == tokens[:cut].tolist(), sid
+
+
+LOAD_MODES_GOLDEN = SEQ_GOLDEN.parent / "load-modes-v1"
+LOAD_MODES_FILES = json.loads((LOAD_MODES_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(LOAD_MODES_FILES))
+def test_load_modes_golden_restores_every_session_bit_for_bit(name):
+    """Format 1.7 (seqkv 0.7): an agent's turns with a load mode each — a `seq` archive whose
+    second and fourth segments name `seq-fast`, and an archive opened fast — both with packed
+    ids. Every session is the same tokens and K/V as the 1.6 golden's of the same tokens."""
+    want = LOAD_MODES_FILES[name]
+    path = LOAD_MODES_GOLDEN / f"{name}.skv"
+    assert path.stat().st_size == want["bytes"]
+    model = str(SEQ_GOLDEN / "model")
+    with Archive(path, model=model) as arc:
+        assert arc.reader.version == (1, 7)
+        named = {2: "seq-fast", 4: "seq-fast"} if name == "mixed-turns" else {}
+        assert arc.trie.codecs == named
+        assert arc.codec.codec_id == ("seq" if name == "mixed-turns" else "seq-fast")
+        assert [e["id"] for e in arc.sessions] == want["sessions"]
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    tokens = load_capture(SEQ_GOLDEN.parent / "seq-portable-v3" / "captures" / "b.safetensors")
+    for sid, cut in zip(want["sessions"], want["tokens"], strict=True):
+        assert restored[sid].tokens.tolist() == tokens.tokens[:cut].tolist(), sid
+    with Archive(RECORDS_GOLDEN / "api-turns.skv", model=model) as old:
+        whole = old.restore(old.session("agent/turn-3"))  # all of b's tokens, format 1.6
+    last = restored[want["sessions"][-1]]
+    assert whole.tokens.tolist() == last.tokens.tolist()
+    for a, b in zip(whole.keys + whole.values, last.keys + last.values, strict=True):
+        assert torch.equal(a, b)

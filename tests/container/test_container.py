@@ -35,11 +35,11 @@ from seqkv_cli.container import (
     write_container,
 )
 from seqkv_cli.container.format import (
+    FORMAT_MINOR,
     FULL_LAYOUT_MINOR,
     LAYOUT_JSON,
     LAYOUT_RECORDS,
     LAYOUT_TABLES,
-    RECORDS_MINOR,
     SLOT_OFFSETS,
     SUPERBLOCK_SIZE,
     TABLES_MINOR,
@@ -136,7 +136,7 @@ def leftovers(directory: Path) -> list[str]:
 
 
 LAYOUTS = [
-    (LAYOUT_RECORDS, RECORDS_MINOR),
+    (LAYOUT_RECORDS, FORMAT_MINOR),  # new files: the newest minor (1.6 added the layout)
     (LAYOUT_TABLES, TABLES_MINOR),
     (LAYOUT_JSON, FULL_LAYOUT_MINOR),
 ]
@@ -239,18 +239,19 @@ def test_newer_minor_version_is_read_but_not_appended_to(tmp_path: Path, layout:
     path = tmp_path / "a.skv"
     write_container(path, *sample(), layout=layout)
     data = path.read_bytes()
-    preamble = data[:8] + struct.pack("<HHI", 1, 7, layout)
+    newer = FORMAT_MINOR + 1
+    preamble = data[:8] + struct.pack("<HHI", 1, newer, layout)
     with open_container(path) as container:
         slot = container.slot
     path.write_bytes(preamble + encode_slot(preamble, slot) + data[48:])
     with open_container(path) as container:
-        assert container.version == (1, 7)
+        assert container.version == (1, newer)
         assert container.read_section("s1/鍵🔑") == BIG
     before = path.read_bytes()
     expect(
         UnsupportedVersionError,
         lambda: append_sessions(path, [session("s9", [])], []),
-        "format 1.7",
+        f"format 1.{newer}",
         "upgrade seqkv",
     )
     assert path.read_bytes() == before
@@ -382,7 +383,7 @@ def test_the_binary_table_is_what_docs_format_md_specifies(tmp_path: Path) -> No
     header = {"pipeline": [], "model": None, "sessions": []}
     write_container(path, header, [("s0/tokens", b"abc"), ("s0/trie", b"")])
     data = path.read_bytes()
-    assert data[8:16] == bytes([1, 0, 6, 0, 3, 0, 0, 0])  # 1.6, byte 12 = 3
+    assert data[8:16] == bytes([1, 0, 7, 0, 3, 0, 0, 0])  # 1.7, byte 12 = 3
     # (record 1 is encoded as in 1.4: 1.6 changed only the records appends write)
     record = data[80 + 3 :]
     json_part = b'{"generation":1,"header":{"pipeline":[],"model":null,"sessions":[]}}'

@@ -7,7 +7,7 @@ import pytest
 
 from archive.test_archive import PREFIX, _add_process, assert_exact, invoke
 from seqkv_cli.archive import Archive, compress_captures
-from seqkv_cli.container import open_container
+from seqkv_cli.container import FORMAT_MINOR, open_container
 from seqkv_cli.container.compact_reader import CompactReader
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
@@ -79,7 +79,7 @@ def test_archive_add_expands_a_compact_file_and_keeps_its_token_bytes(caps, tiny
     result = invoke("archive", "add", path, caps[1], "--model", tiny_lm.folder)
     assert result.exit_code == 0, result.output
     with open_container(path) as reader:
-        assert not isinstance(reader, CompactReader) and reader.version == (1, 6)
+        assert not isinstance(reader, CompactReader) and reader.version == (1, FORMAT_MINOR)
         # nothing was re-encoded: the version-2 table of segment 1 is followed by the payload
         assert load_trie(reader, path).embedded[1] == payload
         assert reader.header["model"]["fingerprint"] == tiny_lm.fingerprint  # named whole

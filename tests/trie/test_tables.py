@@ -262,3 +262,33 @@ def test_an_id_cannot_grow_past_64_kib_by_sharing():
     assert "longer than the name before it allows" in _damaged(
         _raw(2, counts, sessions, ids), PLAIN
     )
+
+
+def test_a_segment_of_another_codec_names_it_after_a_wide_tag():
+    """Format 1.7: flag bit 5 moves the tag to 0x80 | flags; tables without it keep 1.6's."""
+    turns = [_turn(0, "2026-12-06T02:27:19Z"), _turn(1, "2026-12-06T02:27:25Z")]
+    turns[1].codec = "seq-fast"
+    written, read = _grow(turns)
+    assert written[0][0] & 0xE0 == 0x20 and read[0].codec is None
+    plain = _grow([turns[0], _turn(1, "2026-12-06T02:27:25Z")])[0][1]
+    # 0x80 | 0x20 (codec) | inherited | created, +6 s, then the id, then what 1.6 writes
+    assert written[1] == bytes([0xA6]) + b"\x0c\x08seq-fast" + plain[2:]
+    assert read[1].codec == "seq-fast" and read[1].sessions[0].id == "run-7/turn-2"
+    for size in range(len(written[1])):
+        assert "trie table is damaged" in _damaged(written[1][:size], FRESH.after(turns[0]))
+
+
+@pytest.mark.parametrize(
+    ("first", "name", "words"),
+    [
+        (0xA0, b"", "impossible length"),
+        (0xA0, b"s" * 33, "impossible length"),
+        (0xA0, b"seq fast", "not a codec name"),
+        (0xA0, "séq".encode(), "not a codec name"),
+        (0x80, b"", "magic"),  # a wide tag must carry the codec flag
+        (0xE0, b"seq", "features of a newer seqkv; upgrade seqkv"),
+    ],
+)
+def test_a_hostile_codec_id_is_refused_in_one_line(first, name, words):
+    data = bytes([first]) + encode_varint(len(name)) + name + ONE_NODE + ONE_SESSION
+    assert words in _damaged(data)
