@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqkv_codecs.bits import BitReader, BitWriter
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 
@@ -29,13 +30,9 @@ def pack_ids(ids: np.ndarray) -> bytes:
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 1 << MAX_WIDTH):
         raise ValueError("packed ids must lie in [0, 2**32)")
     width = max(1, int(ids.max()).bit_length()) if ids.size else 1
-    bits = ((ids[:, None] >> np.arange(width)) & 1).astype(np.uint8).reshape(-1)
-    return (
-        bytes([TAG])
-        + encode_varint(ids.size)
-        + bytes([width])
-        + np.packbits(bits, bitorder="little").tobytes()
-    )
+    writer = BitWriter("lsb")
+    writer.fixed(ids.astype(np.uint64), width)
+    return bytes([TAG]) + encode_varint(ids.size) + bytes([width]) + writer.getvalue()
 
 
 def is_packed(data: bytes) -> bool:
@@ -52,12 +49,7 @@ def unpack_ids(data: bytes, max_ids: int) -> np.ndarray:
         raise CorruptStreamError(f"packed ids claim {count} ids, more than the {max_ids} allowed")
     if pos >= len(data) or not 1 <= data[pos] <= MAX_WIDTH:
         raise CorruptStreamError("packed ids have no valid width")
-    width = data[pos]
-    body = np.frombuffer(data, np.uint8, offset=pos + 1)
-    if body.size != -(-count * width // 8):
-        raise CorruptStreamError("packed ids have the wrong length")
-    bits = np.unpackbits(body, bitorder="little")
-    if bits[count * width :].any():
-        raise CorruptStreamError("packed ids carry bits past their last id")
-    weights = np.int64(1) << np.arange(width, dtype=np.int64)
-    return (bits[: count * width].reshape(count, width).astype(np.int64) * weights).sum(axis=1)
+    reader = BitReader(data, "lsb", "packed ids", start=pos + 1)
+    ids = reader.fixed(count, data[pos])
+    reader.finish()  # no byte beyond the last id's, and zero padding
+    return ids.astype(np.int64)

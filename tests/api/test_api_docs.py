@@ -48,3 +48,4 @@ def test_the_agent_memory_loop_runs(tmp_path, monkeypatch, embedded_lm):
         rows = arc.sessions()
     assert [r.id for r in rows] == ["run-7/turn-1", "run-7/turn-2"]
     assert rows[1].shared_prefix == rows[0].tokens and {r.restore for r in rows} == {"replay"}
+    assert {r.load for r in rows} == {"fast"}  # the loop's one-line choice, kept by the file

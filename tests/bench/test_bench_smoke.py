@@ -29,6 +29,7 @@ BENCHES = [
     "studies.foreign_residual",
     "gpu.check",
     "studies.llama_state",
+    "studies.load_modes",
     "studies.manifest_listing",
     "studies.native_speed",
     "studies.one_session",
@@ -236,6 +237,15 @@ def test_agent_turns(model, tmp_path):
     # each turn's growth is its coded tokens and its framing, and the third a segment only
     assert all(t["growth_bytes"] == t["coded_bytes"] + t["framing_bytes"] for t in turns)
     assert 0 < turns[2]["framing_bytes"] < 80
+
+
+def test_load_modes(model, tmp_path):
+    out = run_bench("studies.load_modes", ["--model", model, "--tokens", "60"], tmp_path)
+    rows = {r["archive"]: r for r in out["rows"]}
+    assert all(out["exact"].values()) and len(rows) == 3
+    assert rows["own cache (replay), fast"]["kv_strategy"] == "replay"
+    # fewest bytes in the small mode: the model codes the tokens
+    assert rows["tokens only, small"]["file_bytes"] < rows["tokens only, fast"]["file_bytes"]
 
 
 @pytest.mark.slow
