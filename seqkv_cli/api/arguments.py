@@ -31,6 +31,7 @@ from seqkv_cli.archive import (
 from seqkv_cli.container.schema import SchemaViolation, check_json_value
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.caches import cache_positions
+from seqkv_cli.kvcapture.engine import canonical_model, provenance
 from seqkv_cli.trie import MAX_JSON_DEPTH, NAMES_BYTES_PER_SESSION, Source, too_deep
 
 if TYPE_CHECKING:
@@ -213,6 +214,11 @@ def prepare_session(
         how_filled=how_filled,
         limit=limit,
     )
+    if kept.capture is None:  # tokens only: a second forward would compute what encoding does
+        path = canonical_model(lm, coder.numerics).numeric_path
+        base = provenance(lm, dtype="bf16", numeric_path=path, positions=len(ids))
+        source = Source.tokens_only(sid, ids, dict(base, **({USER_META_KEY: meta} if meta else {})))
+        return PreparedSession(sid, len(ids), source, kept)
     if meta:
         kept.capture.meta[USER_META_KEY] = meta
     return PreparedSession(sid, len(ids), Source.from_capture(kept.capture, own_coder), kept)

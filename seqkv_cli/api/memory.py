@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from seqkv_cli.api.arguments import (
@@ -51,6 +52,7 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import discard_quietly, publish, staging_name
 from seqkv_cli.kvcapture.caches import to_cache
 from seqkv_cli.sequential.load_modes import check_mode, mode_codec
+from seqkv_cli.trie import WarmStates
 
 if TYPE_CHECKING:
     from seqkv_cli.runtime.loading import LoadedModel
@@ -150,6 +152,9 @@ class MemoryArchive:
         config.setdefault("numerics", numerics or DEFAULT)
         self._coder = resolve_codec(config)
         self._load = None if load is None else check_mode(load)
+        # the canonical state of the session this handle added last: a turn that extends it
+        # runs only its new tokens (held until the next add or close)
+        self._warm = WarmStates()
         self._lm = resolve_model(model, tokenizer=tokenizer)
         # Replay runs the user's own object (their dtype, device, attention), not seqkv's copy.
         self._own_model = model if hasattr(model, "state_dict") else None
@@ -177,6 +182,7 @@ class MemoryArchive:
 
     def close(self) -> None:
         self._closed = True
+        self._warm.clear()
 
     # -- reading --------------------------------------------------------------------------
     def sessions(self) -> list[SessionInfo]:
@@ -345,7 +351,7 @@ class MemoryArchive:
         reports = []
         for p in prepared:
             if verify:
-                self._verify(p.session_id, p.source.capture, p.source.coder_for(self._coder))
+                self._verify(p.source, p.source.coder_for(self._coder))
             new = written.new_tokens
             fresh = p.tokens if new is None else (new if len(prepared) == 1 else None)
             reports.append(
@@ -371,7 +377,7 @@ class MemoryArchive:
             if created is not None:
                 return Written(created, created, None)
             self._check_existing()  # another writer created the file meanwhile: append to it
-        result = add_sources(self.path, sources, self._lm, load=load)
+        result = add_sources(self.path, sources, self._lm, load=load, warm=self._warm)
         return Written(result.added_bytes, result.file_bytes, result.new_tokens)
 
     def _create(self, sources, load: str | None = None) -> int | None:
@@ -414,9 +420,16 @@ class MemoryArchive:
                 )
             self._coder = arc.codec  # the file's own codec decides how sessions are coded
 
-    def _verify(self, sid, cap, coder) -> None:
-
-        check_restored(cap, self.load_capture(sid), coder, f"stored in {self.path} anyway")
+    def _verify(self, source, coder) -> None:
+        restored = self.load_capture(source.session_id)
+        if source.recompute:  # tokens only: K/V are the canonical recompute by definition
+            if not np.array_equal(restored.tokens.numpy(), source.tokens):
+                raise SeqkvError(
+                    f"session {source.session_id} restores other tokens than it was given; "
+                    f"stored in {self.path} anyway"
+                )
+            return
+        check_restored(source.capture, restored, coder, f"stored in {self.path} anyway")
 
 
 def open_archive(

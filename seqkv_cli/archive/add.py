@@ -24,6 +24,7 @@ from seqkv_cli.trie import (
     NodeSource,
     PartReader,
     Source,
+    WarmStates,
     archive_header,
     check_context,
     encode_tables,
@@ -64,11 +65,13 @@ def add_sources(
     model: str | LoadedModel | None = None,
     on_wait: Callable[[], None] | None = None,
     load: str | None = None,
+    warm: WarmStates | None = None,
 ) -> AddResult:
     """Append sessions (capture files or in-memory captures) to the trie archive `path`.
 
     `load` ("small" or "fast", sequential/load_modes.py) codes them for that load time; None
-    keeps the archive's own codec."""
+    keeps the archive's own codec. `warm` (the library API's): the canonical state of the
+    session this process appended last, continued by a session that extends it."""
     if not Path(path).is_file():
         raise SeqkvError(f"no such archive: {path} (create it with `seqkv compress`)")
     refuse_empty(sources)
@@ -76,7 +79,7 @@ def add_sources(
         if appender.compact:
             model = _expand_compact(appender, model, path)
     if appender.compact:  # now a full-layout archive: lock it again (a waiter may be first)
-        return add_sources(path, sources, model, on_wait, load)
+        return add_sources(path, sources, model, on_wait, load, warm)
     with locked_for_append(path, on_wait) as appender:
         reader = appender.reader
         header = reader.header
@@ -103,7 +106,7 @@ def add_sources(
         versioned = reader.layout == LAYOUT_RECORDS
         packed = reader.version >= (1, SEGMENT_CODECS_MINOR)  # packed ids: a 1.7 file
         build = grow_segment(
-            contents, source, sources, segment_coder, canon, versioned, coder, packed
+            contents, source, sources, segment_coder, canon, versioned, coder, packed, warm
         )
         written = appender.commit([], segment_sections(build, segment))
     new_tokens = sum(n.n_tokens for n in build.tables.nodes)

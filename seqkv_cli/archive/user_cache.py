@@ -94,7 +94,8 @@ def coder_with_tolerance(coder: SessionCodec, tolerance: float):
 
 
 class StoredKV(NamedTuple):
-    capture: object  # the Capture to store (K/V canonical, or the user's for a residual)
+    # the Capture to store (K/V canonical, or the user's for a residual); None: tokens only
+    capture: object
     kv_strategy: str  # how `load` rebuilds the K/V (residual_policy's labels)
     max_abs_difference: float | None  # the user's cache vs the canonical recompute
     note: str | None  # why replay was not used, when it was tried
@@ -123,10 +124,10 @@ def kv_to_store(
         cap.meta["session_id"] = sid
         return cap
 
-    if cache is None:
+    if cache is None:  # tokens only: the encoder takes K/V from its own walk (no capture)
         if how_filled != (None, None):
             raise SeqkvError("prompt_length and schedule describe a cache; none was given")
-        return StoredKV(canonical("bf16"), RECOMPUTED, None, None, None)
+        return StoredKV(None, RECOMPUTED, None, None, None)
     if residual == "none":  # only the dtype is kept; the cache may be partial
         cap = canonical(cache_dtype_name(cache))
         return StoredKV(cap, RECOMPUTED, partial_difference(cache, cap), None, None)

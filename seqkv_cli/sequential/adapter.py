@@ -48,6 +48,11 @@ class Track:
         self.fed += len(ids)
 
     @property
+    def last_row(self) -> torch.Tensor | None:
+        """The logits after the last position fed (what predicts the next token)."""
+        return self._prev
+
+    @property
     def surprisal(self) -> torch.Tensor:
         if not self._surprisal:
             return torch.zeros(0, dtype=torch.float64)

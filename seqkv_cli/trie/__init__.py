@@ -40,6 +40,7 @@ from seqkv_cli.trie.neardup import (
 )
 from seqkv_cli.trie.neardup_store import choose_members, restore_member
 from seqkv_cli.trie.node_source import NodeSource, check_precision
+from seqkv_cli.trie.oracle import WarmStates
 from seqkv_cli.trie.pervector import restore_pervector
 from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import fork_track
@@ -90,6 +91,7 @@ __all__ = [
     "TableContext",
     "Trie",
     "TrieContents",
+    "WarmStates",
     "align",
     "archive_header",
     "build_segment",

@@ -15,21 +15,56 @@ import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.sequential.adapter import CanonicalLogits
+from seqkv_cli.sequential.adapter import CanonicalLogits, Track
 from seqkv_cli.trie.plan import Trie
-from seqkv_cli.trie.runs import PREFILL_CHUNK
+from seqkv_cli.trie.runs import PREFILL_CHUNK, fork_track
 
 if TYPE_CHECKING:
     from seqkv_cli.trie.node_source import NodeSource
 
 
+class WarmStates:
+    """The canonical state of the session this process appended last, for the append that
+    extends it (an agent's next turn). That append forks it and runs only its new tokens,
+    where it would prefill the whole session again: the forward gives the same bits however
+    a sequence is cut (docs/NUMERICS.md). It holds one session's K/V while kept."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, np.ndarray, Track, object] | None = None
+
+    def keep(self, session_id: str, tokens: np.ndarray, track: Track, canon) -> None:
+        self._last = (session_id, np.array(tokens, np.int64), track, canon)
+
+    def clear(self) -> None:
+        self._last = None
+
+    def take(self, tokens: np.ndarray, canon) -> tuple[str, Track] | None:
+        """(session id, its state) where that session's tokens begin `tokens` and `canon`
+        computed it, else None."""
+        if self._last is None:
+            return None
+        sid, held, track, forward = self._last
+        m = len(held)
+        if forward is not canon or not 0 < m <= len(tokens) or track.last_row is None:
+            return None
+        return (sid, track) if np.array_equal(tokens[:m], held) else None
+
+
 class RowStream:
     """Logits predicting each position of one sequence, produced chunk by chunk, in order."""
 
-    def __init__(self, adapter: CanonicalLogits, tokens: np.ndarray) -> None:
+    def __init__(
+        self, adapter: CanonicalLogits, tokens: np.ndarray, warm: Track | None = None
+    ) -> None:
+        """Rows of `tokens` from the start, or from where `warm` (a state that fed their
+        first positions) ends: it is forked, and rows before it are never asked for."""
         self.adapter, self.tokens = adapter, tokens
-        self.track = adapter.start(len(tokens))
         self.first, self.logits = 1, np.zeros((0, adapter.vocab_size), np.float32)
+        if warm is None:
+            self.track = adapter.start(len(tokens))
+        else:
+            self.track = fork_track(adapter, warm, warm.fed, len(tokens), warm.last_row)
+            self.first, self.logits = warm.fed, warm.last_row[None].numpy()
 
     def row(self, p: int) -> np.ndarray | None:
         """Logits predicting position `p` (None for position 0: the uniform row)."""
@@ -102,16 +137,31 @@ class NodeOracle:
         return frequencies_from_logits(logits, self.precision)
 
 
-def match(trie: Trie, tokens: np.ndarray, oracle: NodeOracle, rows: RowStream):
+def match(
+    trie: Trie,
+    tokens: np.ndarray,
+    oracle: NodeOracle,
+    rows: RowStream,
+    start: tuple[int, int, int] | None = None,
+):
     """(node, tokens of it matched, total matched): the deepest path `tokens` follows.
 
-    All candidates sit at the same position, so rows are produced once, in order.
+    All candidates sit at the same position, so rows are produced once, in order. `start`
+    = (node, tokens of it, position): where a known prefix of `tokens` already ends (an
+    archived session a warm RowStream continues); the search goes on from there. A node
+    coded under the model is only followed from its first token (its stream decodes in
+    order), so inside one the search stops where the prefix ends.
     """
     at: dict[int, dict[int, list[int]]] = {}
     for n, node in enumerate(trie.nodes):
         at.setdefault(node.parent, {}).setdefault(node.attach, []).append(n)
     cands = [(r, 0) for r in at.get(-1, {}).get(0, [])]
     best, p = (-1, 0, 0), 0
+    if start is not None:
+        n, k, p = start
+        best = (n, k, p)
+        inside = k < trie.nodes[n].length and trie.nodes[n].tokens is not None
+        cands = ([(n, k)] if inside else []) + [(c, 0) for c in at.get(n, {}).get(k, [])]
     while cands and p < len(tokens):
         following = []
         for n, k in cands:

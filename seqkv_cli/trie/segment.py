@@ -32,7 +32,7 @@ from seqkv_cli.trie.encode import (
     static_tokens,
 )
 from seqkv_cli.trie.node_source import NodeSource
-from seqkv_cli.trie.oracle import NodeOracle, RowStream, match
+from seqkv_cli.trie.oracle import NodeOracle, RowStream, WarmStates, match
 from seqkv_cli.trie.pervector import encode_pervector_segment, node_blocks, surprisal_offsets
 from seqkv_cli.trie.plan import PlanNode, Trie, insertion_order
 from seqkv_cli.trie.sources import Source
@@ -117,6 +117,7 @@ def grow_segment(
     versioned: bool = True,
     archive_codec: SessionCodec | Codec | None = None,
     packed: bool = True,
+    warm: WarmStates | None = None,
 ) -> SegmentBuild:
     """One more segment holding `sources`, on top of the archived trie `contents` (its node
     tokens read through `source`; `canon` is None for per-vector codecs): nothing archived is
@@ -124,7 +125,9 @@ def grow_segment(
     them. `versioned`: its tables are version 2, written against the archive (false for a
     file older than 1.6). `coder` codes the new segment; where it is not the archive's own
     (`archive_codec`, a file of format 1.7), the segment's table names it. `packed`: a
-    model-free token stream may be packed ids (a file of format 1.7)."""
+    model-free token stream may be packed ids (a file of format 1.7). `warm`: the state of
+    the session this process appended last, which a new session extending it continues
+    (then kept for the next append)."""
     context = contents.context if versioned else None
     first_new = len(contents.nodes)
     base = coder if archive_codec is None else archive_codec
@@ -133,8 +136,10 @@ def grow_segment(
     for n, node in enumerate(contents.nodes):
         known = None if steps[n] else source.tokens(n)
         trie.add(PlanNode(node.parent, node.attach, node.start, known, -1, node.n_tokens))
-    if any(steps) or capabilities(coder).steps_model:
-        build = _extend(trie, sources, coder, canon, source)
+    # a caller that keeps states (the library API) takes the path that forks and keeps them
+    if any(steps) or capabilities(coder).steps_model or (warm is not None and canon is not None):
+        places = {r.id: (r.end_node, r.end) for r in contents.sessions}
+        build = _extend(trie, sources, coder, canon, source, warm, places)
         if packed:
             build.pack_ids_if_smaller()
         if coder is not base and build.tables.nodes:  # no new tokens: nothing to name
@@ -202,18 +207,34 @@ def _archived_kv(contents: TrieContents, source: NodeSource, coder) -> Callable 
     return archived
 
 
-def _extend(trie: Trie, sources: list[Source], coder, canon, source: NodeSource) -> SegmentBuild:
+def _extend(
+    trie: Trie,
+    sources: list[Source],
+    coder,
+    canon,
+    source: NodeSource,
+    warm: WarmStates | None = None,
+    places: dict[str, tuple[int, int]] | None = None,
+) -> SegmentBuild:
     """Each session: one prefill, matched against the trie by the oracle (nodes of known
     tokens compare directly), its tail coded: under its own rows (`seq`), or with the other
-    tails under one static table (`seq-fast`)."""
+    tails under one static table (`seq-fast`). A session that extends the archived one whose
+    state `warm` holds (at `places[id]` = its end node and offset) runs only what follows."""
     build = SegmentBuild(session_records(sources, [(0, 0)] * len(sources)))
     adapter = CanonicalLogits(canon)
     oracle = NodeOracle(source, coder.precision_bits)
     stepping = capabilities(coder).steps_model
     payloads, tails = [], []
     for local, src in enumerate(sources):
-        rows = RowStream(adapter, src.tokens)
-        node, k, matched = match(trie, src.tokens, oracle, rows)
+        hit = warm.take(src.tokens, canon) if warm is not None else None
+        place = (places or {}).get(hit[0]) if hit is not None else None
+        if place is not None:
+            rows = RowStream(adapter, src.tokens, hit[1])
+            start = (*place, hit[1].fed)
+            node, k, matched = match(trie, src.tokens, oracle, rows, start)
+        else:
+            rows = RowStream(adapter, src.tokens)
+            node, k, matched = match(trie, src.tokens, oracle, rows)
         if matched == len(src.tokens):
             end_node, end = trie.normalise(node, k)
         else:
@@ -234,8 +255,10 @@ def _extend(trie: Trie, sources: list[Source], coder, canon, source: NodeSource)
         record = build.tables.sessions[local]
         record.end_node, record.end = end_node, end
         track = rows.finish()
-        cap = src.load()
         keys, values = track.kv(canon.num_layers, DTYPES[src.meta["dtype"]])
+        cap = src.recomputed(keys, values, track.surprisal) if src.recompute else src.load()
+        if warm is not None:
+            warm.keep(src.session_id, src.tokens, track, canon)
         check_session(
             src.coder_for(coder),
             build,

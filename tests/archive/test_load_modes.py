@@ -193,3 +193,68 @@ def test_compact_codes_every_session_in_one_mode(tmp_path, user_model, tiny_lm):
                 assert _same(arc.load_capture(sid), cap), (load, sid)
     with pytest.raises(SeqkvError, match="load must be one of"):
         compact(path, model=tiny_lm, load="tiny")
+
+
+def _counting(monkeypatch, lm):
+    """Count the tokens the canonical forward is fed (the archive's own forward object)."""
+    from seqkv_cli.kvcapture.engine import canonical_model
+    from seqkv_cli.runtime.numerics import DEFAULT
+
+    canon = canonical_model(lm, DEFAULT)
+    fed = []
+    forward = canon.forward
+
+    def counted(state, ids):
+        fed.append(len(ids))
+        return forward(state, ids)
+
+    monkeypatch.setattr(canon, "forward", counted)
+    return fed
+
+
+@pytest.mark.parametrize("mode", ["small", "fast"])
+def test_a_turn_that_extends_the_last_one_runs_only_its_new_tokens(
+    tmp_path, tiny_lm, monkeypatch, mode
+):
+    """One handle keeps the state of the session it added last; the next turn forks it. The
+    file is the same bytes as turns added by a fresh handle each (a full prefill each)."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796200000")
+    ids = _ids(160, seed=5)
+    cuts = [40, 80, 120, 160]
+    warm, cold = tmp_path / "warm.skv", tmp_path / "cold.skv"
+    fed = _counting(monkeypatch, tiny_lm)
+    with seqkv.open_archive(warm, model=tiny_lm, load=mode) as arc:
+        per_turn = []
+        for k, n in enumerate(cuts):
+            fed.clear()
+            arc.add(f"turn-{k}", ids[:, :n])
+            per_turn.append(sum(fed))
+    for k, n in enumerate(cuts):
+        with seqkv.open_archive(cold, model=tiny_lm, load=mode) as arc:
+            fed.clear()
+            arc.add(f"turn-{k}", ids[:, :n])
+            assert sum(fed) >= n, k  # a fresh handle prefills the whole session
+    # turn 2 continues the state turn 1's add left; turn 3 turn 2's (turn 0 made the file,
+    # turn 1 had nothing to continue)
+    assert per_turn[2] == per_turn[3] == 40 and per_turn[1] >= 80
+    assert warm.read_bytes() == cold.read_bytes()
+
+
+def test_a_warm_state_is_only_used_for_a_session_that_extends_it(tmp_path, tiny_lm, monkeypatch):
+    ids, other = _ids(90, seed=6), _ids(90, seed=7)
+    fed = _counting(monkeypatch, tiny_lm)
+    path = tmp_path / "w.skv"
+    with seqkv.open_archive(path, model=tiny_lm) as arc:
+        arc.add("a", ids[:, :30])
+        arc.add("b", ids[:, :60])  # now held: b
+        fed.clear()
+        arc.add("c", other[:, :50])  # does not extend b: a whole prefill
+        assert sum(fed) >= 50
+        fed.clear()
+        arc.add("d", ids[:, :90])  # extends b, but c was added last: a whole prefill
+        assert sum(fed) >= 90
+        fed.clear()
+        arc.add("e", ids[:, :90].flip(1))  # held d's first token differs
+        assert sum(fed) >= 90
+        restored = {s.id: arc.tokens(s.id) for s in arc.sessions()}
+    assert restored["d"] == ids[0].tolist() and restored["c"] == other[0, :50].tolist()
