@@ -100,14 +100,29 @@ def test_model_codecs_round_trip(world, tmp_path, codec, layout):
     _exact(out, lm, paths)
 
 
-def test_seq_fast_tokens_are_a_version_2_entropy_stream(world, tmp_path):
-    """seq-fast's alphabet is the vocabulary: past 65,536 it is written as version 2."""
+def _smaller_of_both(data: bytes, alphabet: int) -> None:
+    """A model-free segment stream of ids past 65,536: the smaller of the ids packed at their
+    width and a version-2 entropy stream (16-bit planes) of the same ids, both exact."""
+    from seqkv_codecs.entropy import decode_symbols, encode_symbols
+    from seqkv_codecs.packed_ids import is_packed, pack_ids, unpack_ids
+
+    ids = unpack_ids(data, 1 << 24) if is_packed(data) else decode_symbols(data)
+    wide = encode_symbols(ids, alphabet)
+    assert int(ids.max()) >= 65_536 and wide[0] == 2
+    assert int.from_bytes(wide[4:8], "little") == alphabet
+    assert np.array_equal(decode_symbols(wide), ids)
+    assert data == min(pack_ids(ids), wide, key=len)
+
+
+def test_seq_fast_tokens_are_packed_or_a_version_2_entropy_stream(world, tmp_path):
+    """seq-fast's alphabet is the vocabulary: past 65,536 a static stream is version 2, and
+    the segment keeps it where it is smaller than the packed ids (format 1.7)."""
     lm, paths, _ = world
     out = tmp_path / "a.skv"
     _compress(paths, out, "seq-fast", lm, layout="trie")
     with Archive(out, model=lm) as arc:
         data = arc.read_part(1, "tokens")
-    assert data[0] == 2 and int.from_bytes(data[4:8], "little") == lm.vocab_size
+    _smaller_of_both(data, lm.vocab_size)
 
 
 @pytest.mark.parametrize("codec", ["seq", "seq-fast"])
@@ -152,7 +167,8 @@ def test_lossy_per_vector_codecs_keep_the_ids(world, tmp_path, codec):
     _compress(paths, out, codec, layout="trie")
     with Archive(out) as arc:
         data = arc.read_part(1, "tokens")
-    assert data[0] == 2  # the segment's largest id passes 65,536: version 2
+    ids = np.concatenate([load_capture(p).tokens.numpy() for p in paths.values()])
+    _smaller_of_both(data, int(ids.max()) + 1)  # the segment's largest id passes 65,536
     _tokens_exact(out, None, paths)
 
 
