@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seqkv_cli.archive.create import compress_captures
+from seqkv_cli.archive.create import compress_captures, compress_sources
 from seqkv_cli.archive.decompression import decompress
 from seqkv_cli.archive.restore import Archive
 from seqkv_cli.container import locked_for_append
@@ -23,7 +23,8 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import discard_quietly, staging_dir, write_target
 from seqkv_cli.runtime.loading import LoadedModel, load_model
 from seqkv_cli.sequential.load_modes import mode_codec
-from seqkv_cli.sequential.registry import capabilities
+from seqkv_cli.sequential.registry import capabilities, resolve_codec
+from seqkv_cli.trie import Source
 
 if TYPE_CHECKING:
     from seqkv_cli.sequential.session_codec import SessionCodec
@@ -64,6 +65,12 @@ def compact(
         lm = None
         if needs_model:
             lm = model if isinstance(model, LoadedModel) else load_model(model)
+            sources = _tokens_decide(path, lm)
+            if sources is not None:
+                if len(sources) != len(ids):
+                    raise SeqkvError(f"{path}: not every session restored; archive left as it was")
+                coder = resolve_codec(spec)
+                return compress_sources(sources, path, coder, True, lm, None, near_dup)
         # the full captures, in a staging folder of this run (a compact killed with SIGKILL
         # cannot remove it; the next writer in this folder does)
         try:
@@ -79,6 +86,23 @@ def compact(
             )
         finally:
             discard_quietly(scratch)
+
+
+def _tokens_decide(path: Path, lm: LoadedModel) -> list[Source] | None:
+    """Every session as its tokens, where nothing but tokens decides them (a model-backed
+    trie whose sessions keep no part of their own: no residual, no stored surprisal, no
+    edits); None for any other archive. Such sessions are re-encoded from their tokens, with
+    no capture file of their K/V written (an agent's 50 turns would write gigabytes)."""
+    with Archive(path, model=lm) as arc:
+        if arc.trie is None or any(e["sections"] for e in arc.sessions):
+            return None
+        by_index = {}  # restores finish in any order; the archive keeps its own
+        for entry, restored in arc.restore_many(arc.sessions):
+            if isinstance(restored, Exception):
+                raise restored
+            tokens = restored.tokens.numpy()
+            by_index[entry["index"]] = Source.tokens_only(entry["id"], tokens, restored.meta)
+        return [by_index[i] for i in sorted(by_index)]
 
 
 def refuse_lossy(path: Path, codec: SessionCodec | Codec) -> None:

@@ -176,8 +176,14 @@ def test_archive_add_takes_a_load_mode_and_list_shows_it(caps, tiny_lm, tmp_path
     assert_exact(path, tiny_lm, caps[:2])
 
 
-def test_compact_codes_every_session_in_one_mode(tmp_path, user_model, tiny_lm):
-    from seqkv_cli.archive import compact
+def test_compact_codes_every_session_in_one_mode(tmp_path, user_model, tiny_lm, monkeypatch):
+    """A tokens-only archive is compacted from its tokens: no capture file is written."""
+    from seqkv_cli.archive import compact, compaction
+
+    def no_files(*args, **kwargs):
+        raise AssertionError("a tokens-only archive must not be decompressed to capture files")
+
+    monkeypatch.setattr(compaction, "decompress", no_files)
 
     ids = _ids(100, seed=4)
     path = tmp_path / "c.skv"

@@ -139,9 +139,29 @@ def test_a_kernel_that_differs_is_refused_in_one_line(monkeypatch):
     assert not canary.kernels_agree(("f32",))
     monkeypatch.setattr(canary, "_canary_ok", {})
     monkeypatch.setattr(canary, "_kinds_ok", set())
-    with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference") as err:
+    monkeypatch.setattr(canary, "_steps_ok", set())
+    canary.run_canary()  # a prefill's kernels agree; a step's are checked at their first use
+    for _ in range(2):  # a refused kernel is never marked as checked
+        with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference") as err:
+            canary.check_step("f32", exact.L1)
+        assert "\n" not in str(err.value)
+
+
+def test_a_prefill_kernel_that_differs_is_refused_before_first_use(monkeypatch):
+    real = kernels.stored_tile
+    monkeypatch.setattr(kernels, "stored_tile", lambda *a, **k: real(*a, **k) + 1.0)
+    monkeypatch.setattr(canary, "_canary_ok", {})
+    monkeypatch.setattr(canary, "_kinds_ok", set())
+    with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference"):
         canary.run_canary()
-    assert "\n" not in str(err.value)
+
+
+def test_a_few_rows_run_as_tiles_within_tiles_only():
+    x = torch.randn(3, 64, dtype=torch.float64)
+    assert exact.native_product(x, exact.L1)
+    with kernels.tiles_only():
+        assert not exact.native_product(x, exact.L1)
+    assert exact.native_product(x, exact.L1)
 
 
 def test_the_reference_switch_turns_every_kernel_off(monkeypatch):

@@ -85,24 +85,27 @@ def _fixed_stored(kind: str, rows: int, k: int):
     return StoredTensor(KINDS[kind], stored_array(KINDS[kind], raw), (rows, k))
 
 
+STEP_ROWS, TILE_ROWS = (1, 3), (2 * kernels.MAX_KERNEL_ROWS,)
+
+
 def kernels_agree(
-    kinds: tuple[str, ...] = ("f32",), forms: tuple[int, ...] = (exact.PEAK1, exact.PEAK2, exact.L1)
+    kinds: tuple[str, ...] = ("f32",),
+    forms: tuple[int, ...] = (exact.PEAK1, exact.PEAK2, exact.L1),
+    rows: tuple[int, ...] = STEP_ROWS + TILE_ROWS,
+    attention: bool = True,
 ) -> bool:
     """Whether the native kernels the digest does not reach give the reference's bits here:
-    every product over stored weights of ``kinds`` in ``forms`` (the decoders, a step's
-    products at the 2**53 bound, a prefill's tiles) and the attention between its products
-    (every step's softmax). Fixed inputs, like the digest's. Only the kernels a model will
-    run are compiled and checked (their compiling is most of a first run's wait)."""
+    every product over stored weights of ``kinds`` in ``forms`` with ``rows`` rows (1 and 3:
+    a step's kernels at the 2**53 bound; more: a prefill's tiles), the decoders and (with
+    `attention`) the attention between the products (every step's softmax). Fixed inputs,
+    like the digest's. Only the kernels a model will run are compiled and checked (their
+    compiling is most of a first run's wait)."""
     from seqkv_cli.runtime.checkpoint import WeightStore
     from seqkv_cli.runtime.portable.weights import StoredRows, WeightCache
 
     i = torch.arange(4 * 1536, dtype=torch.int64)
     x = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(4, 1536)
-    cases = [
-        (n, form, exact.right_bits(1536, form))
-        for n in (1, 3, 2 * kernels.MAX_KERNEL_ROWS)
-        for form in forms
-    ]
+    cases = [(n, form, exact.right_bits(1536, form)) for n in rows for form in forms]
     xs = x.repeat(kernels.MAX_KERNEL_ROWS, 1)  # more rows than a step: the tiled product
     agree = True
     for kind in sorted(set(kinds)):
@@ -117,6 +120,8 @@ def kernels_agree(
             ]
         agree &= all(same_bits(a, b) for a, b in zip(got, want, strict=True))
         agree &= same_bits(stored.fp32_rows(), values)
+    if not attention:
+        return agree
     heads, n = 2, 40
     steps = {True: [], False: []}
     for native in (True, False):
@@ -131,23 +136,30 @@ def kernels_agree(
     return agree and all(same_bits(a, b) for a, b in zip(steps[True], steps[False], strict=True))
 
 
-_kinds_ok: set[tuple[str, int]] = set()  # (stored kind, form) pairs checked here
+_kinds_ok: set[tuple[str, int]] = set()  # (stored kind, form) pairs checked here (tiles)
+_steps_ok: set[tuple[str, int]] = set()  # the same for a step's kernels
+
+
+def _kernel_mismatch() -> SeqkvError:
+    return SeqkvError(
+        "portable numerics: a native kernel gives other bits than the reference on this "
+        f"machine; set {kernels.ENV}=reference to code and decode without the kernels"
+    )
 
 
 def run_canary(device=None, kinds: tuple[str, ...] = ("f32",), form: int = exact.L1) -> None:
     """Refuse, with the check named, where this machine (or device) does not reproduce the
     definition; on the CPU, also where a native kernel for weights stored as one of ``kinds``
-    in the product form ``form`` (or the attention's) gives other bits than the reference."""
+    in the product form ``form`` (a prefill's tiles, the attention's) gives other bits than
+    the reference. A step's product kernels are checked when first used (`check_step`): a
+    capture, a prefill, never compiles them."""
     where = str(device or "cpu")
     if where not in _canary_ok:
         _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
     unchecked = tuple(k for k in kinds if (k, form) not in _kinds_ok)
     if _canary_ok[where] and where == "cpu" and kernels.enabled() and unchecked:
-        if not kernels_agree(unchecked, (form,)):
-            raise SeqkvError(
-                "portable numerics: a native kernel gives other bits than the reference on this "
-                f"machine; set {kernels.ENV}=reference to code and decode without the kernels"
-            )
+        if not kernels_agree(unchecked, (form,), TILE_ROWS):
+            raise _kernel_mismatch()
         _kinds_ok.update((k, form) for k in unchecked)
     if not _canary_ok[where]:
         on = "" if where == "cpu" else f" on {where}"
@@ -157,3 +169,19 @@ def run_canary(device=None, kinds: tuple[str, ...] = ("f32",), form: int = exact
             "fused operations?); "
             "files written on the portable path cannot be coded or decoded here"
         )
+
+
+def check_step(kind: str, form: int) -> None:
+    """Before a step's native product over weights stored as `kind` in `form` first runs in
+    this process: refuse where it gives other bits than the reference here."""
+    if (kind, form) in _steps_ok:
+        return
+    _steps_ok.add((kind, form))  # the check's own products run the kernels it checks
+    try:
+        agree = kernels_agree((kind,), (form,), STEP_ROWS, attention=False)
+    except BaseException:
+        _steps_ok.discard((kind, form))
+        raise
+    if not agree:
+        _steps_ok.discard((kind, form))
+        raise _kernel_mismatch()

@@ -175,7 +175,8 @@ def fixed_product(
 
 def native_product(x: torch.Tensor, form: int) -> bool:
     """Whether a native step kernel should run ``x @ W.T`` (few rows on a CPU: a step)."""
-    return x[..., 0].numel() * limbs(form) <= kernels.MAX_KERNEL_ROWS and kernels.usable(x)
+    few = x[..., 0].numel() * limbs(form) <= kernels.MAX_KERNEL_ROWS
+    return few and kernels.usable(x) and kernels.steps_allowed()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, form: int = PEAK1) -> torch.Tensor:

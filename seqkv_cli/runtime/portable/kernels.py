@@ -24,6 +24,7 @@ numba is imported on first use only: `seqkv --help` never pays for it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -41,6 +42,25 @@ MAX_KERNEL_ROWS = 32
 def usable(*tensors: torch.Tensor) -> bool:
     """The kernels take CPU tensors only (a GPU keeps the torch reference)."""
     return all(t.device.type == "cpu" for t in tensors) and enabled()
+
+
+_tiles_only = False
+
+
+@contextlib.contextmanager
+def tiles_only():
+    """Within it, products of few rows run as a prefill's tiles too (the same bits): a
+    probe of a few tokens then compiles no step kernel that nothing else may need."""
+    global _tiles_only
+    saved, _tiles_only = _tiles_only, True
+    try:
+        yield
+    finally:
+        _tiles_only = saved
+
+
+def steps_allowed() -> bool:
+    return not _tiles_only
 
 
 _numba = native.numba

@@ -55,6 +55,9 @@ class StoredRows:
         return out.view(*lead, self.n)
 
     def _step(self, rows, bits: int, form: int, part: StoredTensor) -> torch.Tensor:
+        from seqkv_cli.runtime.portable.canary import check_step  # canary imports this module
+
+        check_step(part.kind.name, form)  # a set lookup after the first step
         peaks = self.cache.peaks(part)
         if form != exact.PEAK2:
             return kernels.stored_step(
