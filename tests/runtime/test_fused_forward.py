@@ -83,3 +83,21 @@ def test_older_paths_run_the_kernels_too(path, monkeypatch):
     reference = _run_all_ways(PortableLM(model, path), ids)
     for got, want in zip(native, reference, strict=True):
         assert _same(got, want)
+
+
+def test_a_models_first_step_checks_its_step_kernels(monkeypatch):
+    """The step kernels are checked at their first use by a model (not at load): a step
+    kernel that gives other bits is refused in one line before the step's product runs."""
+    from seqkv_cli.errors import SeqkvError
+    from seqkv_cli.runtime.portable import canary
+
+    lm = PortableLM(tiny_family_model("llama", max_position_embeddings=64))
+    real = kernels.stored_step
+    monkeypatch.setattr(kernels, "stored_step", lambda *a: real(*a) + 1.0)
+    monkeypatch.setattr(canary, "_steps_ok", set())
+    for _ in range(2):  # a refused kernel stays unchecked: refused again
+        with pytest.raises(SeqkvError, match="SEQKV_PORTABLE_KERNELS=reference") as err:
+            lm.forward(lm.new_state(8), torch.tensor([8]))
+        assert "\n" not in str(err.value)
+    monkeypatch.setattr(kernels, "stored_step", real)
+    assert lm.forward(lm.new_state(8), torch.tensor([8])).isfinite().all()

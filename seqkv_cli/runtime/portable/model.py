@@ -29,7 +29,7 @@ from seqkv_cli.runtime.portable.attention import (
     PortableState,
     portable_attention,
 )
-from seqkv_cli.runtime.portable.canary import run_canary, same_bits
+from seqkv_cli.runtime.portable.canary import check_step, run_canary, same_bits
 from seqkv_cli.runtime.portable.mode import PortableMode
 from seqkv_cli.runtime.portable.rows_cache import RowsCache
 from seqkv_cli.runtime.portable.weights import WeightCache
@@ -82,7 +82,7 @@ class PortableLM(ShapeAttributes):
         self.bits = (*kv_bits, exact.MANTISSA - context_bits)
         # A model seqkv loaded holds its weights in a store at the checkpoint's width; a
         # user's model object is read through views of its own fp32 weights.
-        self.weights = WeightCache(hf_model, store)
+        self.weights = WeightCache(hf_model, store, check_step)
         self._configs = list({id(c): c for c in _configs(hf_model)}.values())
         self._rotary = self._portable_rotary()
         self.fused = self._fused_decoder()

@@ -55,9 +55,7 @@ class StoredRows:
         return out.view(*lead, self.n)
 
     def _step(self, rows, bits: int, form: int, part: StoredTensor) -> torch.Tensor:
-        from seqkv_cli.runtime.portable.canary import check_step  # canary imports this module
-
-        check_step(part.kind.name, form)  # a set lookup after the first step
+        self.cache.before_step(part.kind.name, form)  # a set lookup after the first step
         peaks = self.cache.peaks(part)
         if form != exact.PEAK2:
             return kernels.stored_step(
@@ -106,8 +104,11 @@ class WeightCache:
     rows (`StoredRows`), or any other tensor quantized (`DenseRows`; cached when it is a
     parameter of the model, since weights never change in inference)."""
 
-    def __init__(self, model, store: WeightStore) -> None:
+    def __init__(self, model, store: WeightStore, before_step=None) -> None:
         self.store = store
+        # Called with (stored kind, form) before a step's native product: the model passes
+        # the canary's check (the canary builds its own caches, so it cannot be imported here).
+        self.before_step = before_step or (lambda kind, form: None)
         self._owners = {p.untyped_storage().data_ptr() for p in model.parameters() if not p.is_meta}
         self._owners |= {b.untyped_storage().data_ptr() for b in model.buffers()}
         self._dense: dict[tuple, DenseRows] = {}
