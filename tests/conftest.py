@@ -71,6 +71,16 @@ FAMILIES = {
     "phi3": {},
     "olmo2": {},
     "granite": {},
+    # LayerNorm, exact GELU, partial rotary, parallel residuals, relu squared:
+    "phi": {},
+    "starcoder2": {},
+    "gpt_neox": {"num_key_value_heads": 4},  # no grouped KV heads: the config must agree
+    "opt": {"num_key_value_heads": 4},
+    "gptj": {"num_key_value_heads": 4, "rotary_dim": 16},
+    "cohere": {},
+    "arcee": {},
+    "gemma": {},
+    "smollm3": {},
 }
 
 

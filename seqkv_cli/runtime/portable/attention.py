@@ -119,7 +119,11 @@ def portable_attention(
         raise SeqkvError("portable numerics: attention sinks are not supported")
     rows = kwargs.get(ROWS_KWARG)
     if rows is None:
-        raise SeqkvError("portable attention runs only inside a PortableLM forward")
+        raise SeqkvError(
+            f"portable numerics: {type(module).__name__} was called without seqkv's state (the "
+            "model's layers drop attention keyword arguments, or it ran outside a PortableLM "
+            "forward); compress it with --codec lossless or a per-vector codec"
+        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     with _disable_current_modes():

@@ -1,5 +1,6 @@
 """The portable definition's elementary functions and reductions: exp, log, sin, cos and
-what is built on them (tanh, sigmoid, SiLU, GELU, powers, softmax), and sums in a fixed tree.
+what is built on them (tanh, sigmoid, SiLU, erf, both GELUs, powers, softmax), and sums in a
+fixed tree.
 
 Transcendentals are range-reduced and evaluated as polynomials with separate fp64
 ``mul``/``add`` kernels (no fused multiply-add can change a bit), so they do not depend on a
@@ -142,6 +143,34 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     a2 = a * a
     series = a * _poly(a2, [1.0, -1.0 / 3, 2.0 / 15, -17.0 / 315, 62.0 / 2835])
     return torch.where(a.abs() < 2.0**-6, series, big).to(x.dtype)
+
+
+_ERF_SPLIT = 2.5  # below: erf's Taylor series; from here: erfc's continued fraction
+_ERF_TERMS = 44  # on |x| < 2.5 the last term is below 2**-56 of the sum
+_ERFC_DEPTH = 40  # levels of the continued fraction from the bottom, a fixed count
+_ERF_COEF = [(-1.0) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(_ERF_TERMS)]
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def erf(x: torch.Tensor) -> torch.Tensor:
+    """erf: 2/√π·Σ (-1)ⁿ x²ⁿ⁺¹/(n!(2n+1)) near 0; further out 1 - erfc, erfc by its continued
+    fraction e^(-x²)/√π · 1/(x + ½/(x + 1/(x + 1.5/(x + …)))) evaluated from a fixed depth.
+    Both are computed and the range picks one: the same operations on every element."""
+    a = exact.f64(x)
+    near = _TWO_OVER_SQRT_PI * (a * _poly(a * a, _ERF_COEF))
+    m = a.abs()
+    tail = torch.zeros_like(m)
+    for k in range(_ERFC_DEPTH, 0, -1):
+        tail = (k / 2.0) / (m + tail)
+    erfc = exp(-(m * m)) / math.sqrt(math.pi) / (m + tail)
+    far = torch.where(a < 0, erfc - 1.0, 1.0 - erfc)
+    return torch.where(m < _ERF_SPLIT, near, far).to(x.dtype)
+
+
+def gelu_erf(x: torch.Tensor) -> torch.Tensor:
+    """0.5·x·(1 + erf(x/√2)): the exact GELU ("gelu") of GPT-NeoX, Falcon, BERT-style MLPs."""
+    a = exact.f64(x)
+    return (0.5 * a * (1.0 + erf(a * math.sqrt(0.5)))).to(x.dtype)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

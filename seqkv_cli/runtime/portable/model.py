@@ -36,7 +36,7 @@ from seqkv_cli.runtime.portable.weights import WeightCache
 from seqkv_cli.runtime.surprisal import portable_surprisal_bits
 
 # Module types the path refuses by name: their state or ops have no portable definition yet.
-_REFUSED_MODULES = ("Conv1d", "Conv1D", "Conv2d", "Mamba", "LayerNorm")
+_REFUSED_MODULES = ("Conv1d", "Conv1D", "Conv2d", "Mamba")
 
 
 def _register_attention() -> None:

@@ -118,12 +118,7 @@ def _unary(fn):
 
 def _gelu(mode, func, args, kwargs):
     approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
-    if approximate != "tanh":
-        raise SeqkvError(
-            "portable numerics: exact (erf) GELU is not vetted yet; models with "
-            "gelu_pytorch_tanh / gelu_new are supported"
-        )
-    return elementary.gelu_tanh(args[0])
+    return (elementary.gelu_tanh if approximate == "tanh" else elementary.gelu_erf)(args[0])
 
 
 def _pow(mode, func, args, kwargs):
@@ -180,6 +175,35 @@ def _reduce(mean: bool):
     return run
 
 
+def _layer_norm(mode, func, args, kwargs):
+    """native_layer_norm in fp64: the mean and the (biased) variance by the fixed tree, one
+    correctly rounded square root, the affine in fp64, one rounding to the input's dtype.
+    Returns (out, mean, rstd) as the op does."""
+    x, shape = args[0], list(args[1])
+    weight = args[2] if len(args) > 2 else kwargs.get("weight")
+    bias = args[3] if len(args) > 3 else kwargs.get("bias")
+    eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+    dims = list(range(x.dim() - len(shape), x.dim()))
+    a = exact.f64(x).flatten(dims[0]) if dims else exact.f64(x)
+    n = a.shape[-1]
+    mean = elementary.tree_sum(a, -1, keepdim=True) / n
+    centred = a - mean
+    variance = elementary.tree_sum(centred * centred, -1, keepdim=True) / n
+    rstd = 1.0 / torch.sqrt(variance + eps)
+    out = (centred * rstd).view(x.shape)
+    if weight is not None:
+        out = out * weight.to(torch.float64)
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    stat_shape = list(x.shape[: x.dim() - len(shape)]) + [1] * len(shape)
+    stat_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return (
+        out.to(x.dtype),
+        mean.view(stat_shape).to(stat_dtype),
+        rstd.view(stat_shape).to(stat_dtype),
+    )
+
+
 def _topk(mode, func, args, kwargs):
     """Top-k by a stable sort: ties go to the lower index on every machine."""
     x, k = args[0], args[1]
@@ -234,7 +258,7 @@ def _index_add(mode, func, args, kwargs):
 # Exact on every IEEE machine: data movement, casts (correctly rounded), comparisons, selection,
 # and single correctly rounded arithmetic.
 _EXACT_OPS = """
-    view _unsafe_view _reshape_alias reshape t transpose permute expand expand_as view_as
+    view _unsafe_view _reshape_alias reshape t numpy_T transpose permute expand expand_as view_as
     reshape_as unsqueeze squeeze slice select split split_with_sizes tensor_split chunk unbind
     alias as_strided diagonal narrow flatten unflatten movedim swapaxes resize set
     clone contiguous cat stack detach lift_fresh _to_copy to type_as copy
@@ -244,8 +268,8 @@ _EXACT_OPS = """
     repeat repeat_interleave flip roll triu tril bincount searchsorted
     eq ne lt le gt ge greater less greater_equal less_equal not_equal
     logical_and logical_or logical_not bitwise_and bitwise_or bitwise_not bitwise_xor
-    neg abs mul div sqrt floor_divide remainder
-    amax amin max min maximum minimum argmax argmin clamp clamp_min clamp_max
+    neg abs mul div sqrt square floor_divide remainder
+    amax amin max min maximum minimum argmax argmin clamp clamp_min clamp_max relu
     floor ceil round trunc sign isnan isinf isfinite any all
     _local_scalar_dense item is_nonzero _assert_async sym_size sym_stride sym_numel
 """.split()  # noqa: SIM905 (names grouped by kind, a line each)
@@ -253,7 +277,7 @@ _EXACT_OPS = """
 # Ops that only look at a tensor's shape (views, aliases): a weight the module holds as a meta
 # tensor may pass through them on its way to a product or a lookup (`mode.PortableMode`).
 VIEW_OPS = frozenset(
-    """view _unsafe_view _reshape_alias reshape t transpose permute expand alias as_strided
+    """view _unsafe_view _reshape_alias reshape t numpy_T transpose permute expand alias as_strided
     unsqueeze squeeze slice select detach lift_fresh""".split()  # noqa: SIM905 (a list of names)
 )
 
@@ -279,6 +303,7 @@ OP_POLICY = {
     "sin": replaced(_unary(elementary.sin)),
     "cos": replaced(_unary(elementary.cos)),
     "tanh": replaced(_unary(elementary.tanh)),
+    "erf": replaced(_unary(elementary.erf)),
     "sigmoid": replaced(_unary(elementary.sigmoid)),
     "silu": replaced(_unary(elementary.silu)),
     "rsqrt": replaced(_unary(elementary.rsqrt)),
@@ -292,6 +317,8 @@ OP_POLICY = {
     "dropout": replaced(_dropout),
     "mean": replaced(_reduce(mean=True)),
     "sum": replaced(_reduce(mean=False)),
+    "native_layer_norm": _layer_norm,
+    "layer_norm": lambda mode, func, args, kwargs: _layer_norm(mode, func, args, kwargs)[0],
     "topk": replaced(_topk),
     "sort": replaced(_sort),
 }
