@@ -313,6 +313,26 @@ def test_archive_decodes_to_the_same_bits_on_other_kernels(portable_archive, tin
         assert got == want, f"{codec} under {env}"
 
 
+@pytest.mark.parametrize("family", ["gpt_neox", "phi"])
+def test_layer_norm_families_decode_the_same_on_another_isa(family, tmp_path):
+    """LayerNorm and the exact GELU (GPT-NeoX) and a partial rotary (Phi): an archive written
+    here decodes to the same bits on the baseline ISA with other threads and generic kernels."""
+    from bench.studies.portability import capture_digest, decode_in_child
+    from conftest import build_tiny_model
+    from seqkv_cli.archive import compress_captures
+    from seqkv_cli.kvcapture.api import capture
+
+    extra = {"num_key_value_heads": 4, "tie_word_embeddings": False} if family == "gpt_neox" else {}
+    folder = build_tiny_model(tmp_path / family, model_type=family, **extra)
+    (tmp_path / "a.txt").write_text("LayerNorm families: the same bits on every machine. " * 2)
+    (res,) = capture([str(tmp_path / "a.txt")], model=str(folder), out=tmp_path / "caps")
+    compress_captures([res.path], tmp_path / "a.skv", codec="seq", model=str(folder))
+    env = {"ATEN_CPU_CAPABILITY": "default", "NUMBA_CPU_NAME": "generic"}
+    env["SEQKV_BENCH_THREADS"] = "3"
+    got, _ = decode_in_child(tmp_path / "a.skv", str(folder), env, timeout=300)
+    assert got == {res.capture.meta["session_id"]: capture_digest(res.capture)}
+
+
 @pytest.mark.model
 def test_embedded_model_archive_decodes_the_same_under_other_isa_and_threads(embedded_lm, tmp_path):
     from bench.studies.portability import capture_digest, decode_in_child
