@@ -79,9 +79,10 @@ def test_auto_is_the_cpu_without_cuda_and_commands_restore_the_selection():
 def test_the_legacy_path_refuses_a_model_off_the_cpu(tiny_lm, monkeypatch):
     from seqkv_cli.runtime import numerics
 
+    model = tiny_lm.model  # its fp32 weights made on the CPU first (alone, this test makes them)
     monkeypatch.setattr(devices, "model_device", lambda model: torch.device("cuda", 0))
     with pytest.raises(SeqkvError, match="cannot run on cuda:0; use --device cpu"):
-        numerics.build_canonical(tiny_lm.model, numerics.LEGACY)
+        numerics.build_canonical(model, numerics.LEGACY)
 
 
 def test_source_date_epoch_fixes_created_and_bad_values_are_one_line(monkeypatch):

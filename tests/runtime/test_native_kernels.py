@@ -158,10 +158,10 @@ def test_a_prefill_kernel_that_differs_is_refused_before_first_use(monkeypatch):
 
 def test_a_few_rows_run_as_tiles_within_tiles_only():
     x = torch.randn(3, 64, dtype=torch.float64)
-    assert exact.native_product(x, exact.L1)
+    assert kernels.native_product(x, exact.L1)
     with kernels.tiles_only():
-        assert not exact.native_product(x, exact.L1)
-    assert exact.native_product(x, exact.L1)
+        assert not kernels.native_product(x, exact.L1)
+    assert kernels.native_product(x, exact.L1)
 
 
 def test_the_reference_switch_turns_every_kernel_off(monkeypatch):
@@ -174,3 +174,55 @@ def test_the_kernels_exp_has_the_definitions_length():
     from seqkv_cli.runtime.portable import jitted
 
     assert len(elementary.EXP_KERNEL[0]) == jitted.EXP_TERMS
+
+
+def test_a_definition_runs_its_twin_only_where_the_switch_is_on_and_the_twin_takes_it(
+    monkeypatch,
+):
+    from seqkv_cli.runtime import native
+
+    @native.definition
+    def double(x):
+        return ("reference", x * 2)
+
+    @native.twin(double)
+    def _(x):
+        return ("twin", x * 2) if x > 0 else NotImplemented
+
+    assert double(3) == ("twin", 6) and double(-1) == ("reference", -2)
+    with kernels.reference():
+        assert double(3) == ("reference", 6)
+    monkeypatch.setenv(kernels.ENV, "reference")
+    assert double(3) == ("reference", 6)
+
+
+def test_the_definitions_twins_are_registered_by_the_kernels_and_give_the_same_bits():
+    from seqkv_cli.runtime import native
+
+    twins = {fn.__name__ for fn in native._twins}
+    assert {"quantize_rows", "quantize_l1", "split_rows", "fixed_matmul", "exp"} <= twins
+    x = _edge_rows()[:, :64].float().nan_to_num(0.0, 1e30, -1e30)
+    w = torch.randn(5, 64, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    for fn, args in (
+        (exact.quantize_rows, (x, 21)),
+        (exact.quantize_l1, (x, 22)),
+        (exact.split_rows, (x.double(), 21)),
+        (elementary.exp, (x.clamp(-80, 80),)),
+        (exact.fixed_product, (x, 22, *exact.quantize_rows(w, 22), exact.PEAK2)),
+        # v3's form: the twin declines, the reference's steps run their own twins
+        (exact.fixed_product, (x, 22, *exact.quantize_rows(w, 22), exact.L1)),
+    ):
+        declines = fn is exact.fixed_product and args[-1] == exact.L1
+        taken = native._twins[fn.reference](*args) is not NotImplemented
+        assert taken != declines, fn.__name__
+        native_out, reference_out = fn(*args), fn.reference(*args)
+        with kernels.reference():
+            whole_reference = fn(*args)  # every step inside the reference too
+        for a, b, c in zip(
+            *(
+                o if isinstance(o, tuple) else (o,)
+                for o in (native_out, reference_out, whole_reference)
+            ),
+            strict=True,
+        ):
+            assert _bits(a).equal(_bits(b)) and _bits(a).equal(_bits(c)), fn.__name__

@@ -16,7 +16,8 @@ import math
 import numpy as np
 import torch
 
-from seqkv_cli.runtime.portable import exact, kernels
+from seqkv_cli.runtime.native import definition
+from seqkv_cli.runtime.portable import exact
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
 _LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # 32 significant bits: k * hi is exact
@@ -68,11 +69,10 @@ EXP_KERNEL = (  # the same constants for the native kernel (Horner order: highes
 )
 
 
+@definition
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e**x: x = k·ln2 + r, Taylor polynomial of e**r, times 2**k."""
     a = exact.f64(x)
-    if kernels.usable(a):
-        return kernels.exp(a, EXP_KERNEL).to(x.dtype)
     neg_inf = a == -math.inf
     a = a.clamp(_EXP_MIN, _EXP_MAX)
     k = torch.round(a * _LOG2E)

@@ -19,7 +19,9 @@ them:
 * **Transcendentals from polynomials** and **reductions in a fixed tree**: `elementary`.
 
 Every function returns the dtype of its (first) input unless said otherwise; fp64 is only the
-working precision. Any change here (or in `elementary`) changes coded bytes: it makes a new
+working precision. This module is the definition as torch ops and nothing else: a function
+marked `definition` may be computed by a native twin (`kernels`, the same bits), chosen in one
+place (`runtime.native`). Any change here (or in `elementary`) changes coded bytes: it makes a new
 numeric path (``NUMERIC_PATH_V4``, a new entry in ``FORMS``), never a change of an old one.
 """
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from seqkv_cli.runtime.portable import kernels
+from seqkv_cli.runtime.native import definition
 
 NUMERIC_PATH_V1 = "portable-fx53-v1"
 NUMERIC_PATH_V2 = "portable-fx53-v2"
@@ -64,12 +66,6 @@ def f64(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.to(torch.float64)
 
 
-def kernel_input(x: torch.Tensor) -> torch.Tensor:
-    """x as the quantizing kernels read it: fp32 or fp64 as it is (every fp32 value is exact
-    in their fp64 arithmetic, so no copy of a weight is made), anything else as fp64."""
-    return x if x.dtype in (torch.float32, torch.float64) else f64(x)
-
-
 def pow2(e: torch.Tensor) -> torch.Tensor:
     """2**e as fp64 for integer ``e`` in [-1022, 1023], built from its bits (exact)."""
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
@@ -80,13 +76,12 @@ def scale(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return x * pow2(e)
 
 
+@definition
 def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x ≈ X · 2**e`` per last-axis row: X integer-valued fp64 with |X| <= 2**bits.
 
     The scale depends on that row alone, so a row quantizes the same in any batch.
     """
-    if kernels.usable(x):
-        return kernels.quantize_rows(kernel_input(x), bits)
     a = f64(x)
     _, exponent = torch.frexp(a.abs().amax(dim=-1, keepdim=True))
     # Clamped so that any two scales multiply to a normal power of two (|e1 + e2| < 1022);
@@ -95,6 +90,7 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.round(scale(a, -e)), e
 
 
+@definition
 def quantize_l1(x: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x ≈ X · 2**e`` per last-axis row with ``Σ|X| <= 2**(53 - right)`` (v3's left form):
     against a right operand of ``right`` bits every partial sum of a product stays below 2**53.
@@ -105,8 +101,6 @@ def quantize_l1(x: torch.Tensor, right: int) -> tuple[torch.Tensor, torch.Tensor
     ``U < 2**L`` leaves one bit for the rounding of K elements (K <= 2**(53 - right)).
     A zero or non-finite row takes E = L = 0.
     """
-    if kernels.usable(x):
-        return kernels.quantize_rows(kernel_input(x), right, l1=True)
     a = f64(x)
     peak = a.abs().amax(dim=-1, keepdim=True)
     _, exponent = torch.frexp(peak)  # 0 for a zero, infinite or NaN peak
@@ -122,18 +116,16 @@ def quantize_left(x: torch.Tensor, bits: int, form: int) -> tuple[torch.Tensor, 
     return quantize_l1(x, bits) if form == L1 else quantize_rows(x, bits)
 
 
+@definition
 def fixed_matmul(
     xq: torch.Tensor, ex: torch.Tensor, wq: torch.Tensor, ew: torch.Tensor
 ) -> torch.Tensor:
     """Exact fp64 ``(X · 2^ex) @ (W · 2^ew)ᵀ`` from quantized rows xq (.., M, K), wq (.., N, K)."""
     s = torch.matmul(xq, wq.transpose(-1, -2))
-    if wq.dim() == 2 and kernels.usable(s):  # a linear's product: the scaling in one pass
-        n = wq.shape[0]
-        out = kernels.scale_product(s.reshape(-1, n), ex.reshape(-1, 1), ew)
-        return out.view(*xq.shape[:-1], n)
     return scale(s, ex + ew.transpose(-1, -2))  # one exact power of two (see quantize_rows)
 
 
+@definition
 def split_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x ≈ (X1 + X2 · 2**-bits) · 2**e`` per last-axis row: X1 as `quantize_rows`, X2 its
     rounded remainder (|X2| <= 2**(bits-1)), so a row keeps twice the bits.
@@ -142,13 +134,12 @@ def split_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, 
     is 0 or ±1 and x within a factor 2 of 2**e), and it is at most 2**(e-1).
     """
     a = f64(x)
-    if kernels.usable(a):
-        return kernels.split_rows(a, bits)
     x1, e = quantize_rows(a, bits)
     x2 = torch.round(scale(a - scale(x1, e), bits - e))
     return x1, x2, e
 
 
+@definition
 def fixed_product(
     x: torch.Tensor, bits: int, wq: torch.Tensor, ew: torch.Tensor, form: int = PEAK1
 ) -> torch.Tensor:
@@ -161,22 +152,11 @@ def fixed_product(
     if form != PEAK2:
         xq, ex = quantize_left(x, bits, form)
         return fixed_matmul(xq, ex, wq, ew)
-    if kernels.usable(x) and wq.dim() == 2:  # the same steps, without the torch temporaries
-        k = x.shape[-1]
-        both, ex = kernels.split_stacked(f64(x).reshape(1, -1, k), bits)
-        out = kernels.combine(torch.matmul(both, wq.transpose(-1, -2)), ex, ew, bits)
-        return out.view(*x.shape[:-1], wq.shape[0])
     x1, x2, ex = split_rows(x, bits)
     m = x1.shape[-2]
     s = torch.matmul(torch.cat([x1, x2], dim=-2), wq.transpose(-1, -2))
     e = ex + ew.transpose(-1, -2)  # >= -969 (quantize_rows' clamp): 2**(e - bits) is normal
     return scale(s[..., :m, :], e) + scale(s[..., m:, :], e - bits)
-
-
-def native_product(x: torch.Tensor, form: int) -> bool:
-    """Whether a native step kernel should run ``x @ W.T`` (few rows on a CPU: a step)."""
-    few = x[..., 0].numel() * limbs(form) <= kernels.MAX_KERNEL_ROWS
-    return few and kernels.usable(x) and kernels.steps_allowed()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, form: int = PEAK1) -> torch.Tensor:

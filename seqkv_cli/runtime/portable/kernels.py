@@ -16,8 +16,10 @@ kernels compute the *same* values, so they change speed and never bits:
   ``*`` and ``+`` is its own correctly rounded operation in the order `exact` writes it — no
   fused multiply-add, no reordering (LLVM contracts nothing it is not allowed to).
 
-`kernel_check` compares every kernel with the torch reference on fixed inputs (the canary
-runs it); a machine where one differs is refused in one line. ``SEQKV_PORTABLE_KERNELS=
+The definition's own functions reach their kernels through twins registered at the end of
+this module (`runtime.native.definition`): `exact` and `elementary` never name a kernel.
+`canary.kernels_agree` compares the kernels with the torch reference on fixed inputs; a
+machine where one differs is refused in one line. ``SEQKV_PORTABLE_KERNELS=
 reference`` turns the kernels off (the torch reference runs everything, slower, same bits).
 numba is imported on first use only: `seqkv --help` never pays for it.
 """
@@ -31,7 +33,8 @@ import numpy as np
 import torch
 
 from seqkv_cli.runtime import native
-from seqkv_cli.runtime.native import ENV, enabled, reference  # noqa: F401 (the one switch)
+from seqkv_cli.runtime.native import ENV, enabled, reference, twin  # noqa: F401 (the switch)
+from seqkv_cli.runtime.portable import elementary, exact
 
 # Rows (activation limbs x sequences) up to which a product over stored weights runs in the
 # native kernel (each weight row's integers made once, then every row's sum) rather than
@@ -61,6 +64,18 @@ def tiles_only():
 
 def steps_allowed() -> bool:
     return not _tiles_only
+
+
+def native_product(x: torch.Tensor, form: int) -> bool:
+    """Whether a native step kernel should run ``x @ W.T`` (few rows on a CPU: a step)."""
+    few = x[..., 0].numel() * exact.limbs(form) <= MAX_KERNEL_ROWS
+    return few and usable(x) and steps_allowed()
+
+
+def kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the quantizing kernels read it: fp32 or fp64 as it is (every fp32 value is exact
+    in their fp64 arithmetic, so no copy of a weight is made), anything else as fp64."""
+    return x if x.dtype in (torch.float32, torch.float64) else exact.f64(x)
 
 
 _numba = native.numba
@@ -308,3 +323,50 @@ def attend_rows(
         out,
     )
     return torch.from_numpy(out)
+
+
+# -- the twins of the definition's functions (`runtime.native.definition`) ------------------
+# Each takes what its kernel can (CPU tensors, the shapes it is written for) and returns
+# NotImplemented otherwise, so the reference runs.
+
+
+@twin(exact.quantize_rows)
+def _quantize_rows(x: torch.Tensor, bits: int):
+    return quantize_rows(kernel_input(x), bits) if usable(x) else NotImplemented
+
+
+@twin(exact.quantize_l1)
+def _quantize_l1(x: torch.Tensor, right: int):
+    return quantize_rows(kernel_input(x), right, l1=True) if usable(x) else NotImplemented
+
+
+@twin(exact.split_rows)
+def _split_rows(x: torch.Tensor, bits: int):
+    return split_rows(exact.f64(x), bits) if usable(x) else NotImplemented
+
+
+@twin(exact.fixed_matmul)
+def _fixed_matmul(xq, ex, wq, ew):
+    """A linear's product: the scaling in one pass over the BLAS result."""
+    if wq.dim() != 2 or not usable(xq):
+        return NotImplemented
+    n = wq.shape[0]
+    s = torch.matmul(xq, wq.transpose(-1, -2))
+    return scale_product(s.reshape(-1, n), ex.reshape(-1, 1), ew).view(*xq.shape[:-1], n)
+
+
+@twin(exact.fixed_product)
+def _fixed_product(x, bits, wq, ew, form=exact.PEAK1):
+    """v2's two limbs in one product without the torch temporaries (other forms: the
+    reference, whose steps have twins of their own)."""
+    if form != exact.PEAK2 or wq.dim() != 2 or not usable(x):
+        return NotImplemented
+    k = x.shape[-1]
+    both, ex = split_stacked(exact.f64(x).reshape(1, -1, k), bits)
+    out = combine(torch.matmul(both, wq.transpose(-1, -2)), ex, ew, bits)
+    return out.view(*x.shape[:-1], wq.shape[0])
+
+
+@twin(elementary.exp)
+def _exp(x: torch.Tensor):
+    return exp(exact.f64(x), elementary.EXP_KERNEL).to(x.dtype) if usable(x) else NotImplemented

@@ -48,7 +48,7 @@ class StoredRows:
             return self.cache.dense(self.parts, bits, x.device).product(x, bits, form)
         lead, k = x.shape[:-1], x.shape[-1]
         rows = x.reshape(-1, k)
-        if exact.native_product(rows, form):
+        if kernels.native_product(rows, form):
             out = torch.cat([self._step(rows, bits, form, p) for p in self.parts], dim=-1)
         else:
             out = self._tiled(rows, bits, form)
@@ -59,7 +59,7 @@ class StoredRows:
         peaks = self.cache.peaks(part)
         if form != exact.PEAK2:
             return kernels.stored_step(
-                exact.kernel_input(rows), bits, form == exact.L1, part, peaks, bits
+                kernels.kernel_input(rows), bits, form == exact.L1, part, peaks, bits
             )
         both, ex = kernels.split_stacked(exact.f64(rows)[None], bits)
         sums = kernels.stored_products(both[0], part, peaks, bits)
