@@ -111,6 +111,23 @@ def tiny_family_model(model_type: str, seed: int = 0, **extra):
     return model
 
 
+@pytest.fixture(scope="module")  # one a module, as the tests that use it were written
+def user_model(tiny_model_dir):
+    """The user's own model object (transformers, fp32, default attention)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def token_ids(n: int, seed: int = 0):
+    """A (1, n) batch of random ids the tiny models know, as generate() takes them."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 250, (1, n), generator=gen)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")

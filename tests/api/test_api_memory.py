@@ -8,20 +8,8 @@ import pytest
 import torch
 
 import seqkv_cli as seqkv
+from conftest import token_ids
 from seqkv_cli.errors import SeqkvError
-
-
-@pytest.fixture(scope="module")
-def user_model(tiny_model_dir):
-    """The user's own model object (transformers, fp32, default attention)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-def _ids(n: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 250, (1, n), generator=gen)
 
 
 def _cache_of(model, ids, dtype=None):
@@ -45,7 +33,7 @@ def _assert_same(a, b) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_users_own_cache_comes_back_bit_for_bit(tmp_path, user_model, dtype):
-    ids = _ids(40)
+    ids = token_ids(40)
     cache = _cache_of(user_model, ids, dtype)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         replayed = arc.add("chat-42", ids, cache=cache)  # default: replay, checked now
@@ -74,7 +62,7 @@ def test_users_own_cache_comes_back_bit_for_bit(tmp_path, user_model, dtype):
 
 
 def test_a_generate_cache_replays_with_its_prompt_length(tmp_path, user_model):
-    prompt = _ids(12)
+    prompt = token_ids(12)
     with torch.inference_mode():
         out = user_model.generate(
             prompt, max_new_tokens=6, do_sample=False, return_dict_in_generate=True
@@ -94,7 +82,7 @@ def test_a_generate_cache_replays_with_its_prompt_length(tmp_path, user_model):
 def test_an_agent_turn_continued_from_a_loaded_cache_replays_with_its_schedule(
     tmp_path, user_model
 ):
-    prompt, follow_up = _ids(10), _ids(4, seed=3)
+    prompt, follow_up = token_ids(10), token_ids(4, seed=3)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         with torch.inference_mode():
             out = user_model.generate(
@@ -132,7 +120,7 @@ def test_generate_outputs_are_added_as_they_are_and_a_loaded_cache_needs_no_sche
 ):
     """The common agent loop without a hand-built schedule: generate()'s output with its
     prompt length, and a continued loaded cache whose earlier calls seqkv knows."""
-    prompt, follow_up = _ids(10), _ids(4, seed=3)
+    prompt, follow_up = token_ids(10), token_ids(4, seed=3)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         with torch.inference_mode():
             out = user_model.generate(
@@ -173,7 +161,7 @@ def test_generate_outputs_are_added_as_they_are_and_a_loaded_cache_needs_no_sche
 
 
 def test_generate_outputs_with_wrong_arguments_are_one_line(tmp_path, user_model):
-    prompt = _ids(10)
+    prompt = token_ids(10)
     with torch.inference_mode():
         out = user_model.generate(
             prompt, max_new_tokens=4, do_sample=False, return_dict_in_generate=True
@@ -193,7 +181,7 @@ def test_generate_outputs_with_wrong_arguments_are_one_line(tmp_path, user_model
         loaded = arc.load("a")
         with torch.inference_mode():
             more = user_model.generate(
-                torch.cat([out.sequences, _ids(3, seed=5)], 1),
+                torch.cat([out.sequences, token_ids(3, seed=5)], 1),
                 past_key_values=loaded,
                 max_new_tokens=2,
                 do_sample=False,
@@ -208,7 +196,7 @@ def test_generate_outputs_with_wrong_arguments_are_one_line(tmp_path, user_model
 def test_a_replay_that_does_not_reproduce_is_one_line(tmp_path, user_model, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    ids = _ids(24)
+    ids = token_ids(24)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         arc.add("s", ids, cache=_cache_of(user_model, ids))
     other = AutoModelForCausalLM.from_pretrained(
@@ -248,7 +236,7 @@ def test_replay_records_with_hostile_fields_are_refused():
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
 def test_a_loaded_cache_continues_exactly_where_it_stopped(tmp_path, user_model):
-    ids, more = _ids(30), _ids(5, seed=1)
+    ids, more = token_ids(30), token_ids(5, seed=1)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         arc.add("s", ids, cache=_cache_of(user_model, ids))
         loaded = arc.load("s")
@@ -279,7 +267,7 @@ def arc_reload(folder, model):
 def test_tokens_only_recomputes_and_a_growing_session_pays_for_new_tokens(tmp_path, tiny_lm):
     from seqkv_cli.kvcapture.engine import run_capture
 
-    ids = _ids(48)
+    ids = token_ids(48)
     with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
         first = arc.add("turn-1", ids[:, :32])
         second = arc.add("turn-2", ids)
@@ -306,7 +294,7 @@ def test_tokens_only_recomputes_and_a_growing_session_pays_for_new_tokens(tmp_pa
 
 
 def test_residual_none_says_how_far_the_recompute_is(tmp_path, user_model, tiny_lm):
-    ids = _ids(24)
+    ids = token_ids(24)
     cache = _cache_of(user_model, ids, torch.bfloat16)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         report = arc.add("s", ids, cache=cache, residual="none")
@@ -322,7 +310,7 @@ def test_residual_none_says_how_far_the_recompute_is(tmp_path, user_model, tiny_
 
 
 def test_tolerance_keeps_every_element_within_eps(tmp_path, user_model):
-    ids, eps = _ids(40), 0.05
+    ids, eps = token_ids(40), 0.05
     cache = _cache_of(user_model, ids)
     with seqkv.open_archive(tmp_path / "tol.skv", model=user_model) as arc:
         report = arc.add("s", ids, cache=cache, tolerance=eps)
@@ -336,7 +324,7 @@ def test_tolerance_keeps_every_element_within_eps(tmp_path, user_model):
 
 
 def test_the_same_weights_open_the_archive_by_folder_or_object(tmp_path, user_model, tiny_lm):
-    ids = _ids(16)
+    ids = token_ids(16)
     with seqkv.open_archive(tmp_path / "m.skv", model=user_model) as arc:
         arc.add("a", ids)
     with seqkv.open_archive(tmp_path / "m.skv", model=str(tiny_lm.folder)) as arc:
@@ -347,7 +335,7 @@ def test_a_bf16_model_is_another_model(tmp_path, user_model, tiny_lm):
     import copy
 
     with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:
-        arc.add("a", _ids(8))
+        arc.add("a", token_ids(8))
     half = copy.deepcopy(user_model).to(torch.bfloat16)
     with pytest.raises(SeqkvError, match=r"holds sessions of model .*fingerprint"):
         seqkv.open_archive(tmp_path / "m.skv", model=half)
@@ -355,7 +343,7 @@ def test_a_bf16_model_is_another_model(tmp_path, user_model, tiny_lm):
 
 
 def test_bad_calls_get_one_line_each(tmp_path, user_model, tiny_lm):
-    ids = _ids(12)
+    ids = token_ids(12)
     arc = seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm)
     arc.add("a", ids)
     cases = [
@@ -410,7 +398,7 @@ def test_a_flat_archive_is_refused_before_any_work(tmp_path, tiny_lm):
     from seqkv_cli.kvcapture.capture_file import save_capture
     from seqkv_cli.kvcapture.engine import run_capture
 
-    cap = run_capture(tiny_lm, _ids(8)[0].tolist())
+    cap = run_capture(tiny_lm, token_ids(8)[0].tolist())
     cap.meta["session_id"] = "a"
     save_capture(cap, tmp_path / "a.safetensors")
     seqkv.compress(
@@ -436,7 +424,7 @@ def test_crafted_replay_records_fail_alone_and_in_one_line(tmp_path, tiny_lm):
             read_record({"replay": raw}, 3)
     caps = []
     for sid, record in (("good", None), ("bad", {"version": 1, "calls": [[1, 10**12]]})):
-        cap = run_capture(tiny_lm, _ids(10, seed=len(caps))[0].tolist())
+        cap = run_capture(tiny_lm, token_ids(10, seed=len(caps))[0].tolist())
         cap.meta["session_id"] = sid
         if record:
             cap.meta["replay"] = {**record, "cache_dtype": "bf16", "sha256": "0" * 64}
@@ -458,14 +446,14 @@ def test_the_first_add_never_replaces_a_file_another_writer_created(tmp_path, ti
 
     late = seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm)  # both see no file yet
     with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as first:
-        first.add("a", _ids(8))
+        first.add("a", token_ids(8))
     before = (tmp_path / "m.skv").read_bytes()
-    cap = run_capture(tiny_lm, _ids(8, seed=2)[0].tolist())
+    cap = run_capture(tiny_lm, token_ids(8, seed=2)[0].tolist())
     cap.meta["session_id"] = "b"
     assert late._create([Source.from_capture(cap)]) is None  # lost the race: nothing replaced
     assert (tmp_path / "m.skv").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.skv"]  # no temporary left
-    late.add("b", _ids(8, seed=2))  # and a normal add appends
+    late.add("b", token_ids(8, seed=2))  # and a normal add appends
     assert [s.id for s in late.sessions()] == ["a", "b"]
 
 
@@ -473,7 +461,7 @@ def test_library_compress_refuses_an_output_that_is_an_input(tmp_path, tiny_lm):
     from seqkv_cli.kvcapture.capture_file import save_capture
     from seqkv_cli.kvcapture.engine import run_capture
 
-    cap = run_capture(tiny_lm, _ids(8)[0].tolist())
+    cap = run_capture(tiny_lm, token_ids(8)[0].tolist())
     save_capture(cap, tmp_path / "a.safetensors")
     before = (tmp_path / "a.safetensors").read_bytes()
     with pytest.raises(SeqkvError, match="is also an input"):
@@ -484,14 +472,14 @@ def test_library_compress_refuses_an_output_that_is_an_input(tmp_path, tiny_lm):
 def test_add_many_is_one_append_and_meta_comes_back(tmp_path, tiny_lm):
     path = tmp_path / "m.skv"
     with seqkv.open_archive(path, model=tiny_lm) as arc:
-        first = arc.add("solo", _ids(8), meta={"user": "ana", "tags": {"n": 1, "ok": True}})
+        first = arc.add("solo", token_ids(8), meta={"user": "ana", "tags": {"n": 1, "ok": True}})
         assert arc.meta("solo") == {"user": "ana", "tags": {"n": 1, "ok": True}}
         assert first.new_tokens == 8
         before = path.stat().st_size
         reports = arc.add_many(
             [
-                {"session_id": "b1", "input_ids": _ids(12, seed=3), "meta": {"turn": 1}},
-                {"session_id": "b2", "input_ids": _ids(12, seed=4)},
+                {"session_id": "b1", "input_ids": token_ids(12, seed=3), "meta": {"turn": 1}},
+                {"session_id": "b2", "input_ids": token_ids(12, seed=4)},
             ]
         )
         assert [r.id for r in reports] == ["b1", "b2"]
@@ -504,13 +492,16 @@ def test_add_many_is_one_append_and_meta_comes_back(tmp_path, tiny_lm):
         assert [r["segment"] for r in rows] == [1, 2, 2]  # the batch is one segment
         size = path.stat().st_size
         for bad, message in (
-            ([{"session_id": "c", "input_ids": _ids(4)}] * 2, "session 'c' is given twice"),
-            ([{"session_id": "b1", "input_ids": _ids(4)}], "already has a session 'b1'"),
-            ([{"session_id": "d", "input_ids": _ids(4), "colour": 1}], "add()'s keyword"),
+            ([{"session_id": "c", "input_ids": token_ids(4)}] * 2, "session 'c' is given twice"),
+            ([{"session_id": "b1", "input_ids": token_ids(4)}], "already has a session 'b1'"),
+            ([{"session_id": "d", "input_ids": token_ids(4), "colour": 1}], "add()'s keyword"),
             ([], "no sessions given"),
-            ([{"session_id": "e", "input_ids": _ids(4), "meta": {"x": [1]}}], "meta['x'] is list"),
-            ([{"session_id": "e", "input_ids": _ids(4), "meta": {"x": float("nan")}}], "JSON"),
-            ([{"session_id": "e", "input_ids": _ids(4), "meta": "x"}], "meta must be a dict"),
+            (
+                [{"session_id": "e", "input_ids": token_ids(4), "meta": {"x": [1]}}],
+                "meta['x'] is list",
+            ),
+            ([{"session_id": "e", "input_ids": token_ids(4), "meta": {"x": float("nan")}}], "JSON"),
+            ([{"session_id": "e", "input_ids": token_ids(4), "meta": "x"}], "meta must be a dict"),
         ):
             with pytest.raises(SeqkvError, match=re.escape(message)):
                 arc.add_many(bad)
@@ -521,7 +512,7 @@ def test_max_relative_difference_refuses_another_models_cache(tmp_path, tiny_lm)
     from seqkv_cli.kvcapture.caches import to_cache
     from seqkv_cli.kvcapture.engine import run_capture
 
-    ids = _ids(10)[0].tolist()
+    ids = token_ids(10)[0].tolist()
     cap = run_capture(tiny_lm, ids, dtype="fp32")
     own = to_cache(cap.keys, cap.values)
     with seqkv.open_archive(tmp_path / "m.skv", model=tiny_lm) as arc:

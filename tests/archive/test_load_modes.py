@@ -11,6 +11,7 @@ import torch
 
 import seqkv_cli as seqkv
 from archive.test_archive import PREFIX, assert_exact, invoke
+from conftest import token_ids
 from seqkv_cli.api.memory import MemoryArchive
 from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.container import FORMAT_MINOR, open_container
@@ -20,18 +21,6 @@ from seqkv_cli.sequential.load_modes import mode_codec, segment_codec
 from seqkv_cli.sequential.registry import resolve_codec
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-
-
-@pytest.fixture(scope="module")
-def user_model(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-def _ids(n: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 250, (1, n), generator=gen)
 
 
 def _same(a, b) -> bool:
@@ -46,7 +35,7 @@ TURNS = [(30, "small"), (60, "fast"), (90, "small"), (75, "fast"), (120, "fast")
 
 
 def test_turns_of_both_modes_restore_as_an_all_small_archive_does(tmp_path, user_model, tiny_lm):
-    ids = _ids(120)
+    ids = token_ids(120)
     mixed, small = tmp_path / "mixed.skv", tmp_path / "small.skv"
     with seqkv.open_archive(mixed, model=user_model) as arc:
         for k, (n, mode) in enumerate(TURNS):
@@ -73,7 +62,7 @@ def test_turns_of_both_modes_restore_as_an_all_small_archive_does(tmp_path, user
 
 
 def test_an_archive_opened_fast_stores_every_session_fast(tmp_path, user_model):
-    ids = _ids(80, seed=1)
+    ids = token_ids(80, seed=1)
     path = tmp_path / "fast.skv"
     with seqkv.open_archive(path, model=user_model, load="fast") as arc:
         arc.add("a", ids[:, :50])
@@ -90,14 +79,14 @@ def test_an_archive_opened_fast_stores_every_session_fast(tmp_path, user_model):
 
 def test_a_fast_replayed_session_loads_without_seqkvs_model(tmp_path, user_model, monkeypatch):
     """The replay is the load: tokens are read, the user's model runs the recorded calls."""
-    ids = _ids(48, seed=2)
+    ids = token_ids(48, seed=2)
     with torch.inference_mode():
         cache = user_model(ids, use_cache=True).past_key_values
     path = tmp_path / "r.skv"
     with seqkv.open_archive(path, model=user_model, load="fast") as arc:
         arc.add("seed", ids[:, :20])
         report = arc.add("turn", ids, cache=cache)
-        arc.add("other", _ids(30, seed=3), load="small")
+        arc.add("other", token_ids(30, seed=3), load="small")
     assert report.kv_strategy == "replay"
 
     def no_restore(self, session_id):
@@ -117,7 +106,7 @@ def test_load_is_one_of_two_modes(tmp_path, user_model):
         seqkv.open_archive(tmp_path / "x.skv", model=user_model, load="quick")
     arc = seqkv.open_archive(tmp_path / "x.skv", model=user_model)
     with pytest.raises(SeqkvError, match="load must be one of"):
-        arc.add("a", _ids(10), load="")
+        arc.add("a", token_ids(10), load="")
     assert not (tmp_path / "x.skv").exists()
 
 
@@ -185,7 +174,7 @@ def test_compact_codes_every_session_in_one_mode(tmp_path, user_model, tiny_lm, 
 
     monkeypatch.setattr(compaction, "decompress", no_files)
 
-    ids = _ids(100, seed=4)
+    ids = token_ids(100, seed=4)
     path = tmp_path / "c.skv"
     with seqkv.open_archive(path, model=user_model) as arc:
         for k, (n, mode) in enumerate([(40, "small"), (70, "fast"), (100, "small")]):
@@ -225,7 +214,7 @@ def test_a_turn_that_extends_the_last_one_runs_only_its_new_tokens(
     """One handle keeps the state of the session it added last; the next turn forks it. The
     file is the same bytes as turns added by a fresh handle each (a full prefill each)."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796200000")
-    ids = _ids(160, seed=5)
+    ids = token_ids(160, seed=5)
     cuts = [40, 80, 120, 160]
     warm, cold = tmp_path / "warm.skv", tmp_path / "cold.skv"
     fed = _counting(monkeypatch, tiny_lm)
@@ -247,7 +236,7 @@ def test_a_turn_that_extends_the_last_one_runs_only_its_new_tokens(
 
 
 def test_a_warm_state_is_only_used_for_a_session_that_extends_it(tmp_path, tiny_lm, monkeypatch):
-    ids, other = _ids(90, seed=6), _ids(90, seed=7)
+    ids, other = token_ids(90, seed=6), token_ids(90, seed=7)
     fed = _counting(monkeypatch, tiny_lm)
     path = tmp_path / "w.skv"
     with seqkv.open_archive(path, model=tiny_lm) as arc:
