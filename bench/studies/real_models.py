@@ -16,7 +16,11 @@ set size"), in the order a user runs them:
 
     python -m bench.studies.real_models --model FOLDER_OR_GGUF --tokens 1000 --json out.json
 
-`--steps` picks some; `--seq-fast-only` runs capture and a `seq-fast` restore (long sessions).
+`--steps` picks some; `--codec seq-fast` codes with `seq-fast` (one prefill to restore), which is
+how long sessions are measured:
+
+    python -m bench.studies.real_models --model FOLDER --tokens 16000 --codec seq-fast \
+        --steps capture_plain,capture,compress,decompress
 Models at real shapes come from `bench.real_shapes` (random weights, public configs).
 """
 
@@ -95,7 +99,7 @@ def seqkv(*args: str) -> list[str]:
     return [sys.executable, "-m", "seqkv_cli", *args]
 
 
-def run(model: str, tokens: int, steps: tuple[str, ...], folder: Path) -> dict:
+def run(model: str, tokens: int, steps: tuple[str, ...], folder: Path, codec: str = "seq") -> dict:
     text = text_of(tokens, folder)
     second = folder / "second.txt"
     second.write_text(text.read_text()[::-1][: len(text.read_text()) // 3])
@@ -108,7 +112,7 @@ def run(model: str, tokens: int, steps: tuple[str, ...], folder: Path) -> dict:
             "capture", str(text), "-o", str(plain), *m, *limit, "--no-canonical"
         ),
         "capture": seqkv("capture", str(text), "-o", str(cap), *m, *limit),
-        "compress": seqkv("compress", str(cap), "-o", str(skv), *m),
+        "compress": seqkv("compress", str(cap), "-o", str(skv), "--codec", codec, *m),
         "decompress": seqkv("decompress", str(skv), "-o", str(folder / "out"), *m),
         "archive_add": [],  # built below: it needs a second capture first
         "api_load": [sys.executable, "-c", PYTHON_API_LOAD.format(skv=str(skv), model=model)],
@@ -150,7 +154,9 @@ def same_capture(a: Path, b: Path) -> bool:
 def markdown(result: dict) -> str:
     """The bench's table: a row a step, peaks against `capture --no-canonical`."""
     lines = harness.heading(
-        f"Your model: {Path(result['model']).name}, {result['tokens']:,} tokens", result
+        f"Your model: {Path(result['model']).name}, {result['tokens']:,} tokens, "
+        f"{result.get('codec', 'seq')}",
+        result,
     )
     lines += [
         "| step | seconds | peak RSS (GiB) | peak / capture --no-canonical | bit-exact |",
@@ -170,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = harness.parser(__doc__)
     p.add_argument("--tokens", type=int, default=1000)
     p.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to run")
+    p.add_argument("--codec", choices=("seq", "seq-fast"), default="seq", help="compress codec")
     args = p.parse_args(argv)
     if not args.model:
         raise SystemExit("give --model (a folder or .gguf; bench.real_shapes writes them)")
@@ -179,12 +186,14 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
     harness.start(args, load=False)
     with tempfile.TemporaryDirectory(prefix="seqkv-real-") as tmp:
-        rows = run(args.model, args.tokens, steps, Path(tmp))
+        rows = run(args.model, args.tokens, steps, Path(tmp), args.codec)
     base = rows.get("capture_plain", {}).get("peak_GiB")
     for row in rows.values():
         if base:
             row["peak_vs_capture_plain"] = round(row["peak_GiB"] / base, 3)
-    return harness.finish(args, None, markdown, model=args.model, tokens=args.tokens, steps=rows)
+    return harness.finish(
+        args, None, markdown, model=args.model, tokens=args.tokens, codec=args.codec, steps=rows
+    )
 
 
 if __name__ == "__main__":
