@@ -89,8 +89,12 @@ _threads_set = 0
 
 def _variant(name: str, work: int):
     """The serial or the parallel build of kernel `name`, by the work one call does."""
+    return _by_work(*_compiled()[name], work)
+
+
+def _by_work(serial, parallel, work: int):
+    """``parallel`` (numba's pool sized to torch's threads) where the work pays for waking it."""
     global _threads_set
-    serial, parallel = _compiled()[name]
     n = min(torch.get_num_threads(), _numba().config.NUMBA_NUM_THREADS)
     if n <= 1 or work < PARALLEL_WORK:
         return serial
@@ -120,15 +124,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 def _stored(kind: str, name: str, work: int):
     """The serial or parallel build of kernel ``name`` for weights held as ``kind``."""
-    global _threads_set
-    serial, parallel = _compiled_kind(kind)[name]
-    n = min(torch.get_num_threads(), _numba().config.NUMBA_NUM_THREADS)
-    if n <= 1 or work < PARALLEL_WORK:
-        return serial
-    if n != _threads_set:
-        _numba().set_num_threads(n)
-        _threads_set = n
-    return parallel
+    return _by_work(*_compiled_kind(kind)[name], work)
 
 
 @functools.cache
