@@ -77,6 +77,7 @@ from seqkv_cli.trie import (
 if TYPE_CHECKING:
     from seqkv_cli.kvcapture.capture_file import Capture
     from seqkv_cli.kvcapture.inputs import Document
+    from seqkv_cli.runtime.forward import CanonicalForward
     from seqkv_cli.sequential.session_codec import SessionCodec
     from seqkv_codecs.base import Codec
 
@@ -260,7 +261,7 @@ def _write_session(writer, index, cap, coder, check, result, on_progress) -> lis
     return names
 
 
-def _write_sequential(writer, index, cap, coder, canon, check, result):
+def _write_sequential(writer, index, cap, coder, canon: CanonicalForward, check, result):
     enc = coder.encode(cap, canon)
     names: list[str] = []
     for part, data in enc.parts.items():

@@ -24,6 +24,7 @@ from seqkv_codecs.sequential.parallel_stream import chunk_bounds
 
 if TYPE_CHECKING:
     from seqkv_cli.archive.restore import Archive
+    from seqkv_cli.runtime.forward import CanonicalForward
 
 CALIBRATION_REPEATS = 3  # passes timed per row count (the fastest is kept: noise only adds)
 MAX_CALIBRATION_CONTEXT = 512  # attention's share of a pass is small below this on every model
@@ -95,12 +96,12 @@ def _passes(arc) -> tuple[int, int, int]:
     return passes, tokens, max(1, round(tokens / max(passes, 1)))
 
 
-def _ids(canon, n: int) -> torch.Tensor:
+def _ids(canon: CanonicalForward, n: int) -> torch.Tensor:
     """Token ids to time with: any ids cost the same; these spread over the vocabulary."""
     return (torch.arange(n, dtype=torch.long) * 7919 + 13) % canon.vocab_size
 
 
-def _pass_seconds(canon, context: int, rows: int) -> float:
+def _pass_seconds(canon: CanonicalForward, context: int, rows: int) -> float:
     """The fastest of a few passes of `rows` single-token rows, each after `context` tokens."""
     state = canon.new_state(context + CALIBRATION_REPEATS + 1)
     canon.forward(state, _ids(canon, context))
@@ -114,7 +115,7 @@ def _pass_seconds(canon, context: int, rows: int) -> float:
     return best
 
 
-def _prefill_seconds_per_token(canon, context: int) -> float:
+def _prefill_seconds_per_token(canon: CanonicalForward, context: int) -> float:
     best = float("inf")
     for _ in range(2):
         state = canon.new_state(context)
@@ -124,7 +125,7 @@ def _prefill_seconds_per_token(canon, context: int) -> float:
     return best
 
 
-def _prediction_seconds_per_token(arc, canon, context: int) -> float:
+def _prediction_seconds_per_token(arc, canon: CanonicalForward, context: int) -> float:
     """delta-topk's restore also runs k rows per position for its prediction: ~k prefills."""
     k = getattr(arc.codec, "k", None)
     if k is None:

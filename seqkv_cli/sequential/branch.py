@@ -58,7 +58,7 @@ def branch_kv(
 
 
 @torch.inference_mode()
-def _branch(canon, state, positions, embeds) -> tuple[torch.Tensor, torch.Tensor]:
+def _branch(canon: CanonicalLM, state, positions, embeds) -> tuple[torch.Tensor, torch.Tensor]:
     r = int(positions.shape[0])
     r_pad = _round_up(r, ROW_BLOCK)
     rows = torch.arange(r_pad).clamp_(max=r - 1)  # padding repeats the last row, then is dropped
@@ -85,7 +85,7 @@ def _branch(canon, state, positions, embeds) -> tuple[torch.Tensor, torch.Tensor
     return torch.stack(keys), torch.stack(values)
 
 
-def _attention(canon, state, li, q, k, v, pos, n_blocks) -> torch.Tensor:
+def _attention(canon: CanonicalLM, state, li, q, k, v, pos, n_blocks) -> torch.Tensor:
     """`CanonicalLM._attention` with each row's own key/value standing in at its position."""
     r_pad, hd, kvh = q.shape[0], canon.head_dim, canon.num_kv_heads
     groups = canon.num_heads // kvh

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from seqkv_cli.sequential.surprisal_part import (
     encode_surprisal_part,
     plausible_surprisal_part,
 )
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
 
 VARIANTS = ("topk", "linear")
 PREFILL_CHUNK = 256  # as `capture`: the same logits, so the same surprisal bits
@@ -51,7 +55,7 @@ class Prediction:
 
 
 @torch.inference_mode()
-def predict_kv(canon, tokens: np.ndarray, *, k: int, variant: str) -> Prediction:
+def predict_kv(canon: CanonicalForward, tokens: np.ndarray, *, k: int, variant: str) -> Prediction:
     """KV̂ of every position of ``tokens`` from a canonical prefill plus what-if rows."""
     from seqkv_cli.kvcapture.engine import surprisal_bits
     from seqkv_cli.sequential.branch import branch_kv
@@ -112,7 +116,7 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values[pick].view(-1, k), ids[pick].view(-1, k)
 
 
-def _residual_p95(delta: np.ndarray, n: int, canon) -> dict:
+def _residual_p95(delta: np.ndarray, n: int, canon: CanonicalForward) -> dict:
     """Per layer, K and V: the 95th percentile of the dequantized residual's magnitude."""
     mag = np.abs(delta.reshape(n, canon.num_layers, 2, -1))
     return {
@@ -202,7 +206,7 @@ class DeltaTopKCodec(SessionCodec):
         s = np.concatenate([[math.log2(vocab)], surprisal.numpy()])
         return bits_from_surprisal(s, base=self.base, slope=self.slope, max_bits=self.max_bits)
 
-    def encode(self, cap: Capture, canon) -> EncodedSession:
+    def encode(self, cap: Capture, canon: CanonicalForward) -> EncodedSession:
         from seqkv_cli.sequential.adapter import CanonicalLogits
         from seqkv_codecs.adaptive_quant import quantize
 
@@ -229,7 +233,9 @@ class DeltaTopKCodec(SessionCodec):
             out.notes.append("surprisal differs from recomputation; stored against it")
         return out
 
-    def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
+    def decode(
+        self, entry: dict, read: Callable[[str], bytes | None], canon: CanonicalForward
+    ) -> Capture:
         from seqkv_cli.sequential.adapter import CanonicalLogits
         from seqkv_codecs.adaptive_quant import dequantize
         from seqkv_codecs.errors import CorruptStreamError
@@ -262,7 +268,7 @@ class DeltaTopKCodec(SessionCodec):
         cap.residual_p95 = _residual_p95(deq.values, n, canon)
         return cap
 
-    def decode_many(self, entries: list[dict], reads: list, canon) -> list:
+    def decode_many(self, entries: list[dict], reads: list, canon: CanonicalForward) -> list:
         """Captures, or the error of each session that failed; one session at a time."""
         from seqkv_codecs.errors import CodecError
 

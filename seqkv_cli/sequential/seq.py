@@ -12,10 +12,15 @@ each on its own (flat layout), as a trie's branches already decode side by side.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.sequential.session_codec import SessionCodec
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
 
 
 class SeqCodec(SessionCodec):
@@ -125,7 +130,7 @@ class SeqCodec(SessionCodec):
         cls._check_runs([len(p) for p in pieces])
         return np.concatenate(pieces)
 
-    def screen_tokens(self, entry: dict, data: bytes | None, canon) -> None:
+    def screen_tokens(self, entry: dict, data: bytes | None, canon: CanonicalForward) -> None:
         """The stream's header must name the model's vocabulary and the session's length."""
         from seqkv_codecs.errors import CodecError
         from seqkv_codecs.sequential.token_coder import read_token_stream_info

@@ -24,6 +24,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from seqkv_cli.runtime.numerics import check_path
 from seqkv_cli.sequential.adapter import CanonicalLogits
 from seqkv_cli.sequential.surprisal_part import decode_surprisal_part, encode_surprisal_part
 from seqkv_codecs.base import Configurable
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
 
 RESIDUAL_MODES = ("lossless", "none")
 
@@ -134,7 +138,7 @@ class SessionCodec(Configurable):
         """Per stream: (tokens or the error that stopped it, the Track it fed or None)."""
 
     # -- shared -------------------------------------------------------------------------------
-    def encode(self, cap: Capture, canon) -> EncodedSession:
+    def encode(self, cap: Capture, canon: CanonicalForward) -> EncodedSession:
         adapter = CanonicalLogits(canon)
         tokens = cap.tokens.numpy().astype(np.int64)
         data, ideal = self.encode_tokens(tokens, adapter)
@@ -184,19 +188,21 @@ class SessionCodec(Configurable):
         out.parts[f"residual.{part}"] = data
         out.residual_bytes += len(data)
 
-    def screen_tokens(self, entry: dict, data: bytes | None, canon) -> None:
+    def screen_tokens(self, entry: dict, data: bytes | None, canon: CanonicalForward) -> None:
         """Refuse, before any model step, a stored token stream that cannot be `entry`'s.
 
         The default checks nothing: streams whose header records no length are bounded by
         the model context as they decode."""
 
-    def decode(self, entry: dict, read: Callable[[str], bytes | None], canon) -> Capture:
+    def decode(
+        self, entry: dict, read: Callable[[str], bytes | None], canon: CanonicalForward
+    ) -> Capture:
         [result] = self.decode_many([entry], [read], canon)
         if isinstance(result, Exception):
             raise result
         return result
 
-    def decode_many(self, entries: list[dict], reads: list, canon) -> list:
+    def decode_many(self, entries: list[dict], reads: list, canon: CanonicalForward) -> list:
         """Captures (or the error of each session that failed), decoded together."""
         from seqkv_codecs.errors import CodecError
 

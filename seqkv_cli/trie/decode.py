@@ -32,6 +32,7 @@ from seqkv_cli.trie.store import TrieContents
 from seqkv_cli.trie.tables import Node
 
 if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
     from seqkv_cli.sequential.session_codec import SessionCodec
 
 
@@ -63,7 +64,7 @@ def decode_sessions(
     wanted: list[int],
     source: NodeSource,
     codec: SessionCodec,
-    canon,
+    canon: CanonicalForward,
     entries: dict[int, dict],
     reads: dict[int, Callable[[str], bytes | None]],
     stats: DecodeStats | None = None,
@@ -98,7 +99,7 @@ def session_capture(
     s: int,
     entry: dict,
     read: Callable[[str], bytes | None],
-    canon,
+    canon: CanonicalForward,
 ):
     """Session `s` (its entry, its parts' reader) as a Capture from `run` (its end node's
     run, or the error that stopped it), or the SeqkvError that stops the session."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import Run, prefill, session_kv, start_run
 from seqkv_cli.trie.sources import Source, ppl_milli, profiles_for
 from seqkv_cli.trie.tables import Node, SegmentTables, SessionRecord
+
+if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
 
 
 @dataclass
@@ -156,7 +160,7 @@ def encode_model_segment(
     sources: list[Source],
     ends: list[tuple[int, int]],
     coder,
-    canon,
+    canon: CanonicalForward,
     on_progress=None,
     members: dict[int, int] | None = None,
     on_session=None,

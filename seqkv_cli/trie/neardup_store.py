@@ -23,6 +23,7 @@ from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint
 
 if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
     from seqkv_cli.sequential.adapter import CanonicalLogits
     from seqkv_cli.trie.sources import Source
 
@@ -78,7 +79,7 @@ def restore_member(
     entry: dict,
     read: Callable[[str], bytes | None],
     centroid_tokens: np.ndarray,
-    canon,
+    canon: CanonicalForward,
     finish: Callable,
 ):
     """The member's Capture: edits applied to the centroid, K/V by one canonical prefill."""

@@ -20,6 +20,7 @@ from seqkv_cli.trie.plan import Trie
 from seqkv_cli.trie.runs import PREFILL_CHUNK, fork_track
 
 if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
     from seqkv_cli.trie.node_source import NodeSource
 
 
@@ -32,13 +33,15 @@ class WarmStates:
     def __init__(self) -> None:
         self._last: tuple[str, np.ndarray, Track, object] | None = None
 
-    def keep(self, session_id: str, tokens: np.ndarray, track: Track, canon) -> None:
+    def keep(
+        self, session_id: str, tokens: np.ndarray, track: Track, canon: CanonicalForward
+    ) -> None:
         self._last = (session_id, np.array(tokens, np.int64), track, canon)
 
     def clear(self) -> None:
         self._last = None
 
-    def take(self, tokens: np.ndarray, canon) -> tuple[str, Track] | None:
+    def take(self, tokens: np.ndarray, canon: CanonicalForward) -> tuple[str, Track] | None:
         """(session id, its state) where that session's tokens begin `tokens` and `canon`
         computed it, else None."""
         if self._last is None:

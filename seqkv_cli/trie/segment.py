@@ -43,6 +43,7 @@ from seqkv_codecs.sequential.probability import intervals_from_logits
 from seqkv_codecs.sequential.token_coder import uniform_row
 
 if TYPE_CHECKING:
+    from seqkv_cli.runtime.forward import CanonicalForward
     from seqkv_cli.sequential.session_codec import SessionCodec
     from seqkv_codecs.base import Codec
 
@@ -80,7 +81,7 @@ def build_segment(
     sources: list[Source],
     ends: list[tuple[int, int]],
     coder: SessionCodec | Codec,
-    canon,
+    canon: CanonicalForward,
     on_progress: Callable[[int], None] | None,
     archived: Callable | None = None,
     members: dict[int, int] | None = None,
@@ -113,7 +114,7 @@ def grow_segment(
     source: NodeSource,
     sources: list[Source],
     coder: SessionCodec | Codec,
-    canon,
+    canon: CanonicalForward,
     versioned: bool = True,
     archive_codec: SessionCodec | Codec | None = None,
     packed: bool = True,
@@ -211,7 +212,7 @@ def _extend(
     trie: Trie,
     sources: list[Source],
     coder,
-    canon,
+    canon: CanonicalForward,
     source: NodeSource,
     warm: WarmStates | None = None,
     places: dict[str, tuple[int, int]] | None = None,
