@@ -81,6 +81,10 @@ FAMILIES = {
     "arcee": {},
     "gemma": {},
     "smollm3": {},
+    # decoder layers that do not pass attention keyword arguments down (rows_of_call):
+    "stablelm": {},
+    "falcon": {},
+    "nemotron": {},
 }
 
 

@@ -122,6 +122,12 @@ def test_unvetted_ops_and_modules_are_refused_naming_them():
     with pytest.raises(SeqkvError, match="aten::mish") as err:
         lm.forward(lm.new_state(4), torch.arange(3, 7))
     assert "\n" not in str(err.value)
+    from seqkv_cli.runtime.portable.attention import portable_attention
+
+    q = torch.zeros(1, 4, 2, 16)
+    with pytest.raises(SeqkvError, match="outside a PortableLM forward") as err:
+        portable_attention(torch.nn.Module(), q, q, q, None)
+    assert "\n" not in str(err.value)
     with pytest.raises(SeqkvError, match="Conv1D"):
         PortableLM(tiny_family_model("gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=64))
 

@@ -14,6 +14,8 @@ positions; soft-capping uses the portable tanh.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -32,6 +34,19 @@ STEP_ROWS = 16
 # The keyword under which a PortableLM forward hands its sequences (one per batch row) to the
 # registered attention: transformers passes a forward's extra keywords down to it.
 ROWS_KWARG = "seqkv_rows"
+# The same states for the call's duration, for families whose decoder layers do not pass
+# attention keyword arguments down (StableLM, Falcon, Nemotron): `rows_of_call`.
+_CALL_ROWS: contextvars.ContextVar[list | None] = contextvars.ContextVar("seqkv_rows", default=None)
+
+
+@contextlib.contextmanager
+def rows_of_call(states: list):
+    """Within it, seqkv's attention finds `states` even where a layer dropped the keyword."""
+    token = _CALL_ROWS.set(states)
+    try:
+        yield
+    finally:
+        _CALL_ROWS.reset(token)
 
 
 class PortableState:
@@ -119,10 +134,11 @@ def portable_attention(
         raise SeqkvError("portable numerics: attention sinks are not supported")
     rows = kwargs.get(ROWS_KWARG)
     if rows is None:
+        rows = _CALL_ROWS.get()
+    if rows is None:
         raise SeqkvError(
-            f"portable numerics: {type(module).__name__} was called without seqkv's state (the "
-            "model's layers drop attention keyword arguments, or it ran outside a PortableLM "
-            "forward); compress it with --codec lossless or a per-vector codec"
+            f"portable numerics: {type(module).__name__} was called outside a PortableLM "
+            "forward; compress with --codec lossless or a per-vector codec"
         )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5

@@ -28,6 +28,7 @@ from seqkv_cli.runtime.portable.attention import (
     ROWS_KWARG,
     PortableState,
     portable_attention,
+    rows_of_call,
 )
 from seqkv_cli.runtime.portable.canary import check_step, run_canary, same_bits
 from seqkv_cli.runtime.portable.mode import PortableMode
@@ -264,7 +265,7 @@ class PortableLM(ShapeAttributes):
         are left to the caller)."""
         # No attention mask: the registered attention masks each row from its positions.
         rows = {cache_kwarg(type(self.model).forward): RowsCache(states), ROWS_KWARG: states}
-        with self._installed(), self._mode():
+        with self._installed(), rows_of_call(states), self._mode():
             out = self.model(
                 input_ids=ids.to(self.device),
                 position_ids=positions.to(self.device),
