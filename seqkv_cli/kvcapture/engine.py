@@ -104,18 +104,16 @@ def run_capture(
     if not token_ids:
         raise SeqkvError("nothing to capture: the input has no tokens")
     ids = torch.tensor(token_ids, dtype=torch.long)
-    if canonical:
-        keys, values, surprisal, path = _canonical(lm, ids, on_progress, numerics)
-    else:
-        keys, values, surprisal, path = _transformers(lm, ids, on_progress)
     target = DTYPES[dtype]
+    if canonical:
+        keys, values, surprisal, path = _canonical(lm, ids, on_progress, numerics, target)
+    else:
+        keys, values, surprisal, path = _transformers(lm, ids, on_progress, target)
     meta = provenance(lm, dtype=dtype, numeric_path=path, positions=len(token_ids))
-    return Capture(
-        ids, [k.to(target) for k in keys], [v.to(target) for v in values], surprisal, meta
-    )
+    return Capture(ids, keys, values, surprisal, meta)
 
 
-def _canonical(lm, ids, on_progress, numerics):
+def _canonical(lm, ids, on_progress, numerics, target: torch.dtype):
     canon = canonical_model(lm, numerics)
     state = canon.new_state(len(ids))
     parts = []
@@ -126,8 +124,10 @@ def _canonical(lm, ids, on_progress, numerics):
         parts.append(canon.surprisal(logits[: len(nxt)], nxt))
         if on_progress:
             on_progress(len(chunk))
-    keys = [state.layer_kv(i)[0].clone() for i in range(canon.num_layers)]
-    values = [state.layer_kv(i)[1].clone() for i in range(canon.num_layers)]
+    # Copied out layer by layer in the capture's dtype: a long session's peak is the state
+    # plus the capture, not the state plus an fp32 copy of its K/V plus the capture.
+    keys = [state.layer_kv(i)[0].to(target, copy=True) for i in range(canon.num_layers)]
+    values = [state.layer_kv(i)[1].to(target, copy=True) for i in range(canon.num_layers)]
     return keys, values, torch.cat(parts), canon.numeric_path
 
 
@@ -148,7 +148,7 @@ def canonical_model(lm: LoadedModel, numerics: str | None = None) -> CanonicalFo
 
 
 @torch.inference_mode()
-def _transformers(lm, ids, on_progress):
+def _transformers(lm, ids, on_progress, target: torch.dtype):
     """An ordinary transformers fp32 run (DynamicCache, default attention), chunked prefill."""
     from transformers import DynamicCache
 
@@ -164,8 +164,8 @@ def _transformers(lm, ids, on_progress):
         parts.append(surprisal_bits(logits[0, : len(nxt)].float(), nxt))
         if on_progress:
             on_progress(len(chunk))
-    keys = [layer.keys[0].cpu().clone() for layer in cache.layers]
-    values = [layer.values[0].cpu().clone() for layer in cache.layers]
+    keys = [layer.keys[0].to("cpu", target, copy=True) for layer in cache.layers]
+    values = [layer.values[0].to("cpu", target, copy=True) for layer in cache.layers]
     return keys, values, torch.cat(parts), HF_NUMERIC_PATH
 
 

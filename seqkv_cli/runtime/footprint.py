@@ -4,7 +4,7 @@ peak a capture (or a restore) of n positions should reach, from the model's own 
 The parts, largest first on a real model: the weights as the store holds them (the
 checkpoint's width, `checkpoint.WeightStore`); fp32 tensors the module keeps (norms,
 biases, stacked expert weights); one sequence's `PortableState` (keys and values in fp32,
-the definition's integers of both, an exponent a row); the logits of one prefill chunk in
+the definition's integers of both in fp32, an exponent a row); the logits of one prefill chunk in
 fp64 and fp32 (a vocabulary of 150k makes this the largest transient); and the process
 itself (Python, torch, transformers, numba: `PROCESS_BYTES`, measured on this project's
 machines with nothing loaded, docs/BENCHMARKS.md).
@@ -43,10 +43,14 @@ class Footprint:
 
 
 def state_bytes(shape, positions: int) -> int:
-    """A `PortableState` of ``positions``: fp32 keys and values, their fp64 integers and an
-    int64 exponent per row of each."""
+    """A `PortableState` of ``positions`` on the default path (v3): fp32 keys and values,
+    their integers as the state holds them and an int64 exponent per row of each."""
+    from seqkv_cli.runtime.portable import exact
+    from seqkv_cli.runtime.portable.attention import integer_dtype
+
+    held = integer_dtype((exact.L1_KV_BITS, exact.L1_KV_BITS)).itemsize
     rows = shape.num_layers * shape.num_kv_heads * positions
-    return rows * (shape.head_dim * (4 + 4 + 8 + 8) + 2 * 8)
+    return rows * (shape.head_dim * (4 + 4 + 2 * held) + 2 * 8)
 
 
 def footprint(lm, positions: int = 1000) -> Footprint:

@@ -100,7 +100,7 @@ def session_kv(run: Run, end: int, dtype: torch.dtype, num_layers: int):
     """K/V (per layer, (kv_heads, n, hd), `dtype`) and surprisal of positions < start + end."""
     n = run.start + end
     state = run.track.state
-    keys = [state.layer_kv(i, n)[0].to(dtype).clone() for i in range(num_layers)]
-    values = [state.layer_kv(i, n)[1].to(dtype).clone() for i in range(num_layers)]
+    keys = [state.layer_kv(i, n)[0].to(dtype, copy=True) for i in range(num_layers)]
+    values = [state.layer_kv(i, n)[1].to(dtype, copy=True) for i in range(num_layers)]
     surprisal = run.track.surprisal[: max(n - 1, 0)].clone()
     return keys, values, surprisal

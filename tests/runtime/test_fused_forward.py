@@ -101,3 +101,34 @@ def test_a_models_first_step_checks_its_step_kernels(monkeypatch):
         assert "\n" not in str(err.value)
     monkeypatch.setattr(kernels, "stored_step", real)
     assert lm.forward(lm.new_state(8), torch.tensor([8])).isfinite().all()
+
+
+@pytest.mark.parametrize("kernels_env", ["native", "reference"])
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_integers_held_in_fp32_give_the_bits_of_fp64(family, kernels_env, monkeypatch):
+    """The attention state holds its key and value integers in fp32 (half the bytes): every
+    product, step kernel and reference alike, sees the values an fp64 copy holds."""
+    if kernels_env == "reference":
+        monkeypatch.setenv(kernels.ENV, "reference")
+    ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(4))
+    model = tiny_family_model(family, max_position_embeddings=64)
+    narrow_lm = PortableLM(model)
+    state = narrow_lm.new_state(8)
+    assert state.kq.dtype == state.vq.dtype == torch.float32
+    narrow = _run_all_ways(narrow_lm, ids)
+    monkeypatch.setattr(exact, "FP32_INTEGER_BITS", 0)
+    wide_lm = PortableLM(model)
+    assert wide_lm.new_state(8).kq.dtype == torch.float64
+    wide = _run_all_ways(wide_lm, ids)
+    for got, want in zip(narrow, wide, strict=True):
+        assert _same(got, want)
+
+
+def test_model_info_counts_the_state_the_model_makes():
+    """`seqkv model info`'s expected peak counts a state's bytes as `PortableState` holds them."""
+    from seqkv_cli.runtime.footprint import state_bytes
+
+    lm = PortableLM(tiny_family_model("llama", max_position_embeddings=64))
+    state = lm.new_state(40)
+    held = sum(getattr(state, name).nbytes for name in ("keys", "values", "kq", "vq", "ek", "ev"))
+    assert state_bytes(lm.shape, 40) == held

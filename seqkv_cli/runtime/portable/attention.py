@@ -49,11 +49,20 @@ def rows_of_call(states: list):
         _CALL_ROWS.reset(token)
 
 
+def integer_dtype(bits: tuple[int, ...]) -> torch.dtype:
+    """How a state holds its key and value integers of ``bits`` (keys, values, ...): fp32
+    where every one of them is exact there, else fp64."""
+    return torch.float32 if max(bits[:2]) <= exact.FP32_INTEGER_BITS else torch.float64
+
+
 class PortableState:
     """Preallocated K/V of one sequence, with the quantized rows attention multiplies.
 
     keys/values (layers, kv_heads, capacity, head_dim) hold what the model produced (fp32);
     ``kq``/``vq`` the same rows as integers with their power-of-two exponents ``ek``/``ev``.
+    The integers are held in fp32 where their width lets every one be exact there (the
+    products read them as fp64, the same values): half the bytes of an fp64 copy, which is
+    what a long session's memory is made of.
     """
 
     def __init__(
@@ -70,8 +79,9 @@ class PortableState:
         on = {"device": device or "cpu"}
         self.keys = torch.zeros(shape, dtype=torch.float32, **on)
         self.values = torch.zeros(shape, dtype=torch.float32, **on)
-        self.kq = torch.zeros(shape, dtype=torch.float64, **on)
-        self.vq = torch.zeros(shape, dtype=torch.float64, **on)
+        held = integer_dtype(bits)
+        self.kq = torch.zeros(shape, dtype=held, **on)
+        self.vq = torch.zeros(shape, dtype=held, **on)
         self.ek = torch.zeros((*shape[:-1], 1), dtype=torch.int64, **on)
         self.ev = torch.zeros((*shape[:-1], 1), dtype=torch.int64, **on)
         # Fixed by the model (head size, context), never by this state's capacity.
@@ -87,6 +97,11 @@ class PortableState:
         on the CPU (views of the state there; copies from a GPU state)."""
         n = self.length if n is None else n
         return self.keys[layer, :, :n].cpu(), self.values[layer, :, :n].cpu()
+
+    def integers(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's key and value integers of the first ``n`` positions as fp64 (what the
+        BLAS products multiply; a copy where they are held in fp32)."""
+        return exact.f64(self.kq[layer, :, :n]), exact.f64(self.vq[layer, :, :n])
 
     def fork(self, length: int, capacity: int) -> PortableState:
         """A new state holding this one's first ``length`` positions (a trie branch point)."""
@@ -159,8 +174,8 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
     p0 = state.length
     n = p0 + m
     qg = q.float().reshape(kvh, groups, m, hd).reshape(kvh, groups * m, hd)
-    kq, ek = state.kq[layer, :, :n], state.ek[layer, :, :n]
-    vq, ev = state.vq[layer, :, :n], state.ev[layer, :, :n]
+    ek, ev = state.ek[layer, :, :n], state.ev[layer, :, :n]
+    kq = vq = None  # the integers as fp64, made once by the first block that multiplies them
     on = {"device": q.device}
     key_pos = torch.arange(n, **on)
     parts = []
@@ -179,10 +194,12 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         if softcap is None and kernels.usable(q):
             # Keys past the block's last row are masked for all of it: their numerators are
             # 0, so leaving them out changes no sum, maximum or exponent (the same bits).
-            keys = [t[layer, :, : p0 + end] for t in (state.kq, state.ek, state.vq, state.ev)]
+            kq, vq = (kq, vq) if kq is not None else state.integers(layer, n)
+            keys = [t[:, : p0 + end] for t in (kq, ek, vq, ev)]
             acc, total = _scores_to_values(state, qg[:, sel], *keys, qpos, scaling, window)
             parts.append((acc / total).view(kvh, groups, len(rows), hd))
             continue
+        kq, vq = (kq, vq) if kq is not None else state.integers(layer, n)
         scores = exact.fixed_product(qg[:, sel], state.key_bits, kq, ek, state.form) * scaling
         if softcap is not None:
             scores = elementary.tanh(scores / softcap) * softcap

@@ -43,6 +43,8 @@ MANTISSA = 53  # fp64 holds every integer of magnitude <= 2**53 exactly
 # per row to these bits whatever the contraction length (measured: docs/NUMERICS.md, v3).
 L1_WEIGHT_BITS = 22
 L1_KV_BITS = 23
+# Integers of at most this many bits (|X| <= 2**24) are exact in fp32.
+FP32_INTEGER_BITS = 24
 L1_UNIT = 30  # an element's share of its row's L1 bound, in 2**-30 of the row's peak
 
 
