@@ -26,6 +26,7 @@ BENCHES = [
     "studies.contention",
     "studies.definition_sweep",
     "studies.drafts",
+    "studies.first_run",
     "studies.foreign_residual",
     "gpu.check",
     "studies.llama_state",
@@ -154,6 +155,15 @@ def test_real_models(model, tmp_path):
     )
     assert result["steps"]["decompress"]["bit_exact"] is True
     assert all(row["peak_GiB"] > 0 for row in result["steps"].values())
+
+
+@pytest.mark.slow
+def test_first_run(model, tmp_path):
+    """Three whole captures; the cold one compiles kernels and lists them, the warm one none."""
+    result = run_bench("studies.first_run", ["--model", model, "--tokens", "40"], tmp_path)
+    assert set(result["steps"]) == {"plain", "cold", "warm"}
+    assert result["compiles"] == sum(k["compiles"] for k in result["kernels"].values()) > 0
+    assert 0 < result["compile_seconds"] < result["steps"]["cold"]["seconds"]
 
 
 def test_one_session(model, tmp_path):
