@@ -12,6 +12,7 @@ machines with nothing loaded, docs/BENCHMARKS.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PROCESS_BYTES = 520 << 20  # Python + torch + transformers + numba imported, no model
@@ -46,11 +47,13 @@ def state_bytes(shape, positions: int) -> int:
     """A `PortableState` of ``positions`` on the default path (v3): fp32 keys and values,
     their integers as the state holds them and an int64 exponent per row of each."""
     from seqkv_cli.runtime.portable import exact
-    from seqkv_cli.runtime.portable.attention import integer_dtype
+    from seqkv_cli.runtime.portable.attention import state_layout
 
-    held = integer_dtype((exact.L1_KV_BITS, exact.L1_KV_BITS)).itemsize
-    rows = shape.num_layers * shape.num_kv_heads * positions
-    return rows * (shape.head_dim * (4 + 4 + 2 * held) + 2 * 8)
+    bits = (exact.L1_KV_BITS, exact.L1_KV_BITS)
+    layout = state_layout(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, positions, bits
+    ).values()
+    return sum(math.prod(dims) * dtype.itemsize for dims, dtype in layout)
 
 
 def footprint(lm, positions: int = 1000) -> Footprint:

@@ -55,6 +55,21 @@ def integer_dtype(bits: tuple[int, ...]) -> torch.dtype:
     return torch.float32 if max(bits[:2]) <= exact.FP32_INTEGER_BITS else torch.float64
 
 
+def state_layout(num_layers, kv_heads, head_dim, capacity, bits) -> dict[str, tuple]:
+    """A `PortableState`'s tensors, name -> (shape, dtype): what it allocates, and what
+    `seqkv model info` counts (runtime/footprint)."""
+    rows = (num_layers, kv_heads, capacity)
+    held = integer_dtype(bits)
+    return {
+        "keys": ((*rows, head_dim), torch.float32),
+        "values": ((*rows, head_dim), torch.float32),
+        "kq": ((*rows, head_dim), held),
+        "vq": ((*rows, head_dim), held),
+        "ek": ((*rows, 1), torch.int64),
+        "ev": ((*rows, 1), torch.int64),
+    }
+
+
 class PortableState:
     """Preallocated K/V of one sequence, with the quantized rows attention multiplies.
 
@@ -75,15 +90,10 @@ class PortableState:
         device=None,
         form: int = exact.PEAK1,
     ):
-        shape = (num_layers, kv_heads, capacity, head_dim)
         on = {"device": device or "cpu"}
-        self.keys = torch.zeros(shape, dtype=torch.float32, **on)
-        self.values = torch.zeros(shape, dtype=torch.float32, **on)
-        held = integer_dtype(bits)
-        self.kq = torch.zeros(shape, dtype=held, **on)
-        self.vq = torch.zeros(shape, dtype=held, **on)
-        self.ek = torch.zeros((*shape[:-1], 1), dtype=torch.int64, **on)
-        self.ev = torch.zeros((*shape[:-1], 1), dtype=torch.int64, **on)
+        self._layout = state_layout(num_layers, kv_heads, head_dim, capacity, bits)
+        for name, (shape, dtype) in self._layout.items():
+            setattr(self, name, torch.zeros(shape, dtype=dtype, **on))
         # Fixed by the model (head size, context), never by this state's capacity.
         self.bits = bits
         self.key_bits, self.value_bits, self.prob_bits = bits
@@ -109,7 +119,7 @@ class PortableState:
             raise SeqkvError(f"cannot fork at {length}: the state holds {self.length} positions")
         layers, heads, _, hd = self.keys.shape
         out = PortableState(layers, heads, hd, capacity, self.bits, self.keys.device, self.form)
-        for name in ("keys", "values", "kq", "vq", "ek", "ev"):
+        for name in self._layout:
             getattr(out, name)[:, :, :length] = getattr(self, name)[:, :, :length]
         out.length = length
         return out
