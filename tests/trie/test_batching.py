@@ -123,3 +123,39 @@ def test_planned_passes_follow_a_crowded_restore(tiny_lm, tmp_path, monkeypatch)
     for p in caps:
         cap = load_capture(p)
         assert same_capture(cap, restored[cap.session_id])
+
+
+@pytest.mark.parametrize("load", ["small", "fast"])
+def test_a_chain_restored_whole_keeps_no_state_of_a_node_it_has_left(tiny_lm, tmp_path, load):
+    """An agent's turns (each a node continuing the last): restoring every turn must not keep
+    every node's state (it did: 50 turns of the embedded model held 11 GB). The states alive
+    at each yield stay bounded while the chain grows."""
+    import gc
+    import weakref
+
+    import seqkv_cli as seqkv
+    from seqkv_cli.trie import decode
+
+    ids = list(range(40, 40 + 6 * 16))
+    path = tmp_path / "chain.skv"
+    with seqkv.open_archive(path, model=tiny_lm, load=load) as arc:
+        for k in range(1, 7):
+            arc.add(f"turn-{k}", ids[: 16 * k])
+    runs: list[weakref.ref] = []  # a Run is a dataclass: unhashable, so no WeakSet
+    real = decode.start_run
+
+    def tracked(*args, **kwargs):
+        run = real(*args, **kwargs)
+        runs.append(weakref.ref(run))
+        return run
+
+    alive = []
+    with Archive(path, model=tiny_lm) as arc, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "start_run", tracked)
+        assert len(arc.trie.nodes) == 6
+        for entry, restored in arc.restore_many(arc.sessions):
+            assert restored.tokens.tolist() == ids[: restored.positions], entry["id"]
+            del restored
+            gc.collect()
+            alive.append(sum(r() is not None for r in runs))
+    assert len(alive) == 6 and max(alive) <= 2, alive
