@@ -19,7 +19,6 @@ from seqkv_cli.runtime.loading import LoadedModel, load_model
 from seqkv_cli.sequential.load_modes import check_mode, load_mode, mode_codec
 from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import (
-    FRESH,
     MAX_POSITIONS,
     NodeSource,
     PartReader,
@@ -27,14 +26,12 @@ from seqkv_cli.trie import (
     WarmStates,
     archive_header,
     check_context,
-    encode_tables,
+    expanded,
     grow_segment,
     index_sections,
     load_trie,
-    part_name,
     refuse_empty,
     segment_sections,
-    tables_of,
 )
 
 
@@ -139,9 +136,10 @@ def _segment_coder(coder, load: str | None, reader, path):
 
 
 def _expand_compact(appender, model, path):
-    """Rewrite a compact single-session file as the full trie archive it stands for (same
-    token bytes, nothing decoded), so it can take a segment; the model, loaded and checked
-    against the file's fingerprint, is returned for the append that follows."""
+    """Rewrite a compact file (one session, or a compact archive) as the full trie archive
+    it stands for (same token bytes, nothing decoded), so it can take a segment; the model,
+    loaded and checked against the file's fingerprint, is returned for the append that
+    follows."""
     lm = model if isinstance(model, LoadedModel) else load_model(model)
     want = appender.reader.compact.fingerprint
     if not fingerprint_matches(want, lm.fingerprint):
@@ -150,12 +148,10 @@ def _expand_compact(appender, model, path):
             f"{lm.fingerprint[:16]}; pass --model with the right one"
         )
     ident = model_identity(lm)
-    session = appender.reader.compact
-    payload = appender.reader.read_section(part_name(1, "tokens"))
-    header = archive_header(
-        session.pipeline_config(), ident, {"expanded_from": "compact single-session file"}
-    )
-    index = encode_tables(tables_of(session, len(payload)), 0, FRESH)  # a new 1.6 file
+    reader = appender.reader
+    what = "compact archive" if reader.archive else "compact single-session file"
+    header = archive_header(reader.compact.pipeline_config(), ident, {"expanded_from": what})
+    index, payload = expanded(reader, str(path))  # a new 1.6 file
     appender.rewrite(header, index_sections(1, index, payload))
     return lm
 

@@ -1,12 +1,16 @@
 """`archive compact`: every session restored and written again as one optimal trie.
 
-Appends leave one segment (and one index record) per `add`; compact folds them into one,
-inserting shorter sessions first so a session that is a prefix of another ends where its own
-node ends. It also converts flat (per-session) archives. The archive is locked meanwhile and
-replaced atomically, only after the new file restores every session bit for bit. Through a
-symlink, the file it names is compacted (the link stays a link). One trie is coded by one
-codec: every session then loads the same way, the archive's own or the one `load` asks for
-(a session added "fast" to a "small" archive is written small unless `load="fast"`).
+Appends leave one segment (and one index record) per `add`; compact folds them into one. It
+also converts flat (per-session) archives. The archive is locked meanwhile and replaced
+atomically, only after the new file restores every session bit for bit. Through a symlink,
+the file it names is compacted (the link stays a link). One trie is coded by one codec: every
+session then loads the same way, the archive's own or the one `load` asks for (a session
+added "fast" to a "small" archive is written small unless `load="fast"`).
+
+Where the sessions keep nothing but tokens (an agent's turns), compact is after the smallest
+file: longer sessions are inserted first, so a chain of turns is one node and one token
+stream, and the result is a compact archive (format 1.8: a binary header and one deflated
+table, no capture provenance) wherever the sessions fit one, unless `layout="trie"`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from seqkv_cli.sequential.load_modes import mode_codec
 from seqkv_cli.sequential.registry import capabilities, resolve_codec
 from seqkv_cli.trie import Source
 
+# auto: a compact file where the sessions fit one, else the full trie layout
+COMPACT_LAYOUTS = ("auto", "compact", "trie")
+
 if TYPE_CHECKING:
     from seqkv_cli.sequential.session_codec import SessionCodec
     from seqkv_codecs.base import Codec
@@ -37,9 +44,12 @@ def compact(
     on_wait: Callable[[], None] | None = None,
     near_dup: bool = False,
     load: str | None = None,
+    layout: str = "auto",
 ):
 
     path = write_target(path)
+    if layout not in COMPACT_LAYOUTS:
+        raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(COMPACT_LAYOUTS)}")
     if not path.is_file():
         raise SeqkvError(f"no such archive: {path}")
     with locked_for_append(path, on_wait):
@@ -70,7 +80,12 @@ def compact(
                 if len(sources) != len(ids):
                     raise SeqkvError(f"{path}: not every session restored; archive left as it was")
                 coder = resolve_codec(spec)
-                return compress_sources(sources, path, coder, True, lm, None, near_dup)
+                written = "smallest" if layout == "auto" else layout
+                return compress_sources(
+                    sources, path, coder, True, lm, None, near_dup, written, merge_prefixes=True
+                )
+        if layout == "compact":
+            raise SeqkvError(f"{path} cannot be a compact file: its sessions keep more than tokens")
         # the full captures, in a staging folder of this run (a compact killed with SIGKILL
         # cannot remove it; the next writer in this folder does)
         try:

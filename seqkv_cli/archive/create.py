@@ -32,7 +32,7 @@ from seqkv_cli.archive.verify import check_restored
 from seqkv_cli.clock import created_utc
 from seqkv_cli.container import ContainerWriter
 from seqkv_cli.container.compact import CODECS as COMPACT_CODECS
-from seqkv_cli.container.compact import write_compact
+from seqkv_cli.container.compact import write_compact, write_compact_archive
 from seqkv_cli.container.layout import kv_part, section_name, session_entry
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.fsutil import (
@@ -69,6 +69,7 @@ from seqkv_cli.trie import (
     archive_header,
     build_segment,
     choose_members,
+    compact_archive_form,
     compact_form,
     place_sessions,
     segment_sections,
@@ -184,9 +185,8 @@ def compress_captures(
         raise SeqkvError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     coder = resolve_codec(_with_default_numerics(codec, paths))
     caps = capabilities(coder)
-    if layout == "compact" and (coder.codec_id not in COMPACT_CODECS or len(paths) != 1):
-        what = f"{len(paths)} sessions" if len(paths) != 1 else f"codec {coder.codec_id}"
-        raise SeqkvError(f"--layout compact holds one seq or seq-fast session, not {what}")
+    if layout == "compact" and coder.codec_id not in COMPACT_CODECS:
+        raise SeqkvError(f"--layout compact holds seq or seq-fast sessions, not {coder.codec_id}")
     if layout in ("trie", "compact") and not caps.trie_capable:
         what = "--parallel runs" if getattr(coder, "parallel", 1) > 1 else coder.codec_id
         raise SeqkvError(f"{what} code each session on its own: use --layout flat (or auto)")
@@ -299,13 +299,16 @@ def compress_sources(
     layout: str = "auto",
     on_session: Callable[[int, Capture], None] | None = None,
     meta: dict | None = None,
+    merge_prefixes: bool = False,
 ):
     """A new trie archive at `out` from sources (capture files, in-memory captures or
     tokens only); `meta`: entries added to the header's `meta` (a full-layout file only).
 
-    `layout`: "auto" (one session that qualifies: a compact file), "compact" or "trie"
-    (`write_new`). `on_session(index, capture)`: each tokens-only source as
-    the walk recomputed it (trie/encode.py), before the archive is verified and published."""
+    `layout`: "auto" (one session that qualifies: a compact file), "compact", "smallest"
+    or "trie" (`write_new`); `merge_prefixes`: a session that is a prefix of another ends
+    inside its node (`trie.plan.insertion_order`). `on_session(index, capture)`: each
+    tokens-only source as the walk recomputed it (trie/encode.py), before the archive is
+    verified and published."""
     seen, header_model = set(), None
     for src in sources:
         header_model = same_model(header_model, src, src.where)
@@ -329,7 +332,7 @@ def compress_sources(
             raise SeqkvError("--near-dup needs a model-backed codec (seq or seq-fast)")
         members = choose_members(sources)
     trie = Trie()
-    ends = place_sessions(trie, sources, members)
+    ends = place_sessions(trie, sources, members, merge_prefixes)
     build = build_segment(
         trie,
         0,
@@ -385,16 +388,23 @@ def write_new(
     layout.
 
     ``layout="auto"`` writes a one-session segment as a compact file (format 1.2: no JSON
-    header, no capture provenance) where it qualifies, ``"compact"`` insists on it, and
-    ``"trie"`` always writes the full layout. The caller verifies `tmp` and publishes it as
-    `out` or drops it.
+    header, no capture provenance) where it qualifies, ``"compact"`` insists on a compact
+    file (several sessions: a compact archive, format 1.8), ``"smallest"`` (what `archive
+    compact` asks for) writes whichever compact file qualifies, and ``"trie"`` always writes
+    the full layout. The caller verifies `tmp` and publishes it as `out` or drops it.
     """
-    if layout in ("auto", "compact"):
-        form = compact_form(build, coder.get_config(), header_model)
+    config = coder.get_config()
+    if layout in ("auto", "compact", "smallest"):
+        form = compact_form(build, config, header_model)
         if not isinstance(form, str):
             return write_compact(tmp, *form), "compact"
+        if layout != "auto" and len(build.tables.sessions) > 1:
+            many = compact_archive_form(build, config, header_model)
+            if not isinstance(many, str):
+                return write_compact_archive(tmp, *many), "compact archive"
+            form = many
         if layout == "compact":
-            raise SeqkvError(f"{out} cannot be a compact single-session file: {form}")
+            raise SeqkvError(f"{out} cannot be a compact file: {form}")
     header = archive_header(coder.get_config(), header_model, meta)
     with ContainerWriter(tmp) as writer:
         for name, data in segment_sections(build, 1):

@@ -177,15 +177,25 @@ def compact_command(
         bool, typer.Option("--near-dup", help="Store near-duplicate sessions as edits.")
     ] = False,
     load: LoadOption = None,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help="auto: a compact file (binary header, no capture provenance) where the "
+            "sessions keep only tokens, else the full trie layout; compact: insist; trie: "
+            "always the full layout."
+        ),
+    ] = "auto",
 ) -> None:
     """Rewrite the archive as one trie (folds appended segments; converts flat files)."""
     from seqkv_cli.archive import compact
 
     before = archive.stat().st_size if archive.is_file() else 0
-    res = compact(archive, model=model, on_wait=_waiting, near_dup=near_dup, load=load)
+    res = compact(
+        archive, model=model, on_wait=_waiting, near_dup=near_dup, load=load, layout=layout
+    )
     console.print(
         f"{shown(archive)}: {res.sessions} session(s), {human_bytes(before)} -> "
-        f"{human_bytes(res.file_bytes)}",
+        f"{human_bytes(res.file_bytes)} ({res.layout} layout)",
         highlight=False,
     )
 

@@ -49,8 +49,9 @@ def info_command(
             f"{shown(json.dumps(arc.codec.get_config()))}"
         )
         if getattr(arc.reader, "compact", None) is not None:
+            kind = "archive" if arc.reader.archive else "single-session file"
             console.print(
-                f"compact single-session file: model fingerprint "
+                f"compact {kind}: model fingerprint "
                 f"{shown(arc.model['fingerprint'])}... (its first 8 bytes); capture provenance "
                 "not kept (`seqkv compress --layout trie` keeps it)"
             )

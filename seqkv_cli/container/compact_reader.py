@@ -1,24 +1,30 @@
-"""Reading a compact single-session file (format 1.2+, docs/FORMAT.md): its header checked
-field by field (shapes, codes the file's minor may hold, the session id) before any byte of
-the payload is trusted. The layout and the writer are in `container.compact`."""
+"""Reading compact files (docs/FORMAT.md): a single-session file (format 1.2+) or a compact
+archive (1.8+), its header checked field by field (shapes, codes the file's minor may hold, the
+session id) before any byte of the payload is trusted. The layouts and the writers are in
+`container.compact`; what a compact archive's table says is checked by the trie's reader."""
 
 from __future__ import annotations
 
 import os
 import struct
+import zlib
 from typing import Any
 
 from seqkv_cli.container.compact import (
+    ARCHIVE_MINOR,
+    ARCHIVE_SECTION,
     CAPTURE_PATHS,
     CODECS,
     DTYPES,
     FIXED_HEADER,
+    LAYOUT_ARCHIVE,
     MAX_HEADER_BYTES,
     MAX_POSITIONS,
     MAX_SHAPE,
     NUMERICS,
     RESIDUALS,
     TOKENS_SECTION,
+    CompactProfile,
     CompactSession,
     id_problem,
     minor_of,
@@ -34,6 +40,7 @@ from seqkv_cli.container.errors import (
 )
 from seqkv_cli.container.format import (
     FORMAT_MINOR,
+    MAX_INDEX_BYTES,
     VarintError,
     crc32c,
     decode_varint,
@@ -73,11 +80,15 @@ class _Fields:
 class CompactReader(OpenFile):
     """A validated compact file, read through the same surface as ContainerReader.
 
-    It presents itself as a one-segment trie archive whose tables are `compact` (a
-    CompactSession) and whose one section is the token payload, `t1/tokens`.
+    It presents itself as a one-segment trie archive. A single-session file's tables are
+    `compact` (a CompactSession) and its one section is the token payload, `t1/tokens`; a
+    compact archive's `compact` is the CompactProfile its sessions share (`archive` is true)
+    and its one section, `t1/index`, is its segment table, inflated, followed by its tokens:
+    what a version-2 segment holds in the full layout.
     """
 
     generation = 1
+    archive = False  # a compact archive (else a single-session file); set by the parser
     damaged_slots: tuple[int, ...] = ()
     uncommitted_bytes = 0
 
@@ -92,35 +103,70 @@ class CompactReader(OpenFile):
     def _parse(self, head: bytes) -> None:
         if len(head) < FIXED_HEADER.size:
             raise TruncatedContainerError(self.path, "the file ends inside its compact header")
-        _, major, minor, _, pipeline, fingerprint, kinds = FIXED_HEADER.unpack_from(head)
+        _, major, minor, layout, pipeline, fingerprint, kinds = FIXED_HEADER.unpack_from(head)
         self.version = (major, minor)
+        self.archive = layout == LAYOUT_ARCHIVE
         if minor > FORMAT_MINOR:  # a newer minor may add fields this parser does not know
             raise UnsupportedVersionError(
                 self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
             )
+        if self.archive and minor < ARCHIVE_MINOR:
+            raise MalformedContainerError(
+                self.path, f"a compact archive in a format 1.{minor} file (they came in 1.8)"
+            )
         fields = _Fields(self.path, head, FIXED_HEADER.size)
-        layers, heads, head_dim, positions = (fields.varint() for _ in range(4))
-        ppl, check = struct.unpack("<HH", fields.take(4))
-        name = fields.take(fields.varint())
-        length = fields.varint()
+        layers, heads, head_dim = (fields.varint() for _ in range(3))
+        if self.archive:
+            table, length = fields.varint(), fields.varint()
+        else:
+            positions = fields.varint()
+            ppl, check = struct.unpack("<HH", fields.take(4))
+            name = fields.take(fields.varint())
+            table, length = 0, fields.varint()
         end = fields.pos
         stored = int.from_bytes(fields.take(4), "little")
         if crc32c(head[:end]) != stored:
             raise CorruptContainerError(self.path, "the compact header's checksum does not match")
         self.header_bytes = end + 4
-        if self.size < self.header_bytes + length + 4:
+        body = table + length
+        if self.size < self.header_bytes + body + 4:
             raise TruncatedContainerError(
                 self.path,
                 f"truncated: {self.size} bytes, but the header promises "
-                f"{self.header_bytes + length + 4}; copy the file again",
+                f"{self.header_bytes + body + 4}; copy the file again",
             )
-        if self.size > self.header_bytes + length + 4:
+        if self.size > self.header_bytes + body + 4:
             raise MalformedContainerError(
-                self.path, f"{self.size - self.header_bytes - length - 4} bytes after its end"
+                self.path, f"{self.size - self.header_bytes - body - 4} bytes after its end"
             )
         bad = _bad_codes(pipeline, kinds, minor)
         if bad:
             raise MalformedContainerError(self.path, f"invalid compact header: {bad}")
+        if not (
+            1 <= layers <= MAX_SHAPE and 1 <= heads <= MAX_SHAPE and 1 <= head_dim <= MAX_SHAPE
+        ):
+            raise MalformedContainerError(
+                self.path, f"impossible shape ({layers} layers, {heads} heads, dim {head_dim})"
+            )
+        profile = dict(
+            codec=CODECS[pipeline & 1],
+            residual=RESIDUALS[pipeline >> 1 & 1],
+            numerics=NUMERICS[pipeline >> 2 & 3],
+            fingerprint=fingerprint.hex(),
+            dtype=DTYPES[kinds & 0xF],
+            numeric_path=CAPTURE_PATHS[kinds >> 4],
+            num_layers=layers,
+            num_kv_heads=heads,
+            head_dim=head_dim,
+        )
+        self._payload_crc: int | None = None
+        self.table_bytes, self.payload_bytes = table, length
+        if self.archive:
+            if table == 0:
+                raise MalformedContainerError(self.path, "its session table is empty")
+            self.compact: CompactProfile = CompactProfile(**profile)
+            self._entry = SectionEntry(ARCHIVE_SECTION, self.header_bytes, body, 0)
+            return
         try:
             session_id = name.decode("utf-8")
         except UnicodeDecodeError:
@@ -128,30 +174,15 @@ class CompactReader(OpenFile):
         problem = id_problem(session_id)
         if problem:
             raise MalformedContainerError(self.path, f"its session id is {problem}")
-        if not (
-            1 <= layers <= MAX_SHAPE and 1 <= heads <= MAX_SHAPE and 1 <= head_dim <= MAX_SHAPE
-        ):
-            raise MalformedContainerError(
-                self.path, f"impossible shape ({layers} layers, {heads} heads, dim {head_dim})"
-            )
         if not 1 <= positions < MAX_POSITIONS:
             raise MalformedContainerError(self.path, f"impossible length ({positions} positions)")
         self.compact = CompactSession(
-            codec=CODECS[pipeline & 1],
-            residual=RESIDUALS[pipeline >> 1 & 1],
-            numerics=NUMERICS[pipeline >> 2 & 3],
-            fingerprint=fingerprint.hex(),
+            **profile,
             session_id=session_id,
             positions=positions,
-            dtype=DTYPES[kinds & 0xF],
-            numeric_path=CAPTURE_PATHS[kinds >> 4],
-            num_layers=layers,
-            num_kv_heads=heads,
-            head_dim=head_dim,
             log2_ppl_milli=ppl,
             token_check=check,
         )
-        self._payload_crc: int | None = None
         self._entry = SectionEntry(TOKENS_SECTION, self.header_bytes, length, 0)
 
     @property
@@ -183,19 +214,39 @@ class CompactReader(OpenFile):
         return self._payload_crc
 
     def read_section(self, name: str) -> bytes:
-        if name != TOKENS_SECTION:
+        entry = self._entry
+        if name != entry.name:
             raise SectionNotFoundError(
-                self.path, f"no section named {name!r} (a compact file has only {TOKENS_SECTION})"
+                self.path, f"no section named {name!r} (a compact file has only {entry.name})"
             )
-        data = self._read_at(self._entry.offset, self._entry.length)
+        data = self._read_at(entry.offset, entry.length)
         if crc32c(data) != self._crc():
-            raise SectionCorruptError(
-                self.path, name, "the token payload is corrupt (checksum mismatch)"
+            what = "session table or token payload" if self.archive else "token payload"
+            raise SectionCorruptError(self.path, name, f"the {what} is corrupt (checksum mismatch)")
+        if not self.archive:
+            return data
+        return self._inflated(data[: self.table_bytes]) + data[self.table_bytes :]
+
+    def _inflated(self, packed: bytes) -> bytes:
+        """The session table, refused as soon as it would inflate past the index cap (a
+        deflate bomb with a valid checksum stops there)."""
+        inflater = zlib.decompressobj(-15)
+        try:
+            table = inflater.decompress(packed, MAX_INDEX_BYTES + 1)
+        except zlib.error:
+            raise MalformedContainerError(self.path, "its session table does not inflate") from None
+        if len(table) > MAX_INDEX_BYTES:
+            raise MalformedContainerError(
+                self.path, f"its session table inflates past {MAX_INDEX_BYTES} bytes"
             )
-        return data
+        if not inflater.eof or inflater.unused_data or inflater.unconsumed_tail:
+            raise MalformedContainerError(
+                self.path, "its session table does not end where its header says"
+            )
+        return table
 
     def verify(self) -> None:
-        self.read_section(TOKENS_SECTION)
+        self.read_section(self._entry.name)
 
 
 def _bad_codes(pipeline: int, kinds: int, minor: int) -> str | None:

@@ -20,11 +20,12 @@ FORMAT_MAJOR = 1
 # section tables in the full layout (index.py): a JSON row cost ~85 bytes a section, more than
 # the residual parts of a foreign cache themselves; 1.5 compact codes for the portable-fx53-v3
 # numeric path; 1.6 binary records after the first (index.py); 1.7 trie segments coded by
-# another codec than the archive's (a "fast" turn in a `seq` archive, trie/tables.py).
-# FORMAT_MINOR is the newest minor this seqkv reads; whole files are written as 1.7, appends
-# keep the minor of the file they extend, compact files take the oldest minor whose codes
-# they use.
-FORMAT_MINOR = 7
+# another codec than the archive's (a "fast" turn in a `seq` archive, trie/tables.py); 1.8
+# the compact archive layout (container/compact.py).
+# FORMAT_MINOR is the newest minor this seqkv reads; full-layout files are written as 1.7,
+# appends keep the minor of the file they extend, compact single-session files take the
+# oldest minor whose codes they use, compact archives 1.8.
+FORMAT_MINOR = 8
 FULL_LAYOUT_MINOR = 1  # JSON section tables, what seqkv before 0.4 writes and appends to
 TABLES_MINOR = 4
 RECORDS_MINOR = 6
@@ -80,7 +81,7 @@ def encode_preamble(layout: int = LAYOUT_RECORDS) -> bytes:
 
     A nonzero byte 12 is what readers since 1.2 check before anything else, so an older seqkv
     refuses a layout it does not know as "written by a newer seqkv" instead of misreading it."""
-    minor = FORMAT_MINOR if layout == LAYOUT_RECORDS else LAYOUT_MINOR[layout]
+    minor = SEGMENT_CODECS_MINOR if layout == LAYOUT_RECORDS else LAYOUT_MINOR[layout]
     return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, minor, layout)
 
 

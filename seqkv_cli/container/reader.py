@@ -87,7 +87,7 @@ class ContainerReader(OpenFile):
                 raise UnsupportedVersionError(
                     self.path, f"written by a newer seqkv (format {major}.{minor}); upgrade seqkv"
                 )
-            what = "compact single-session" if is_compact(head) else f"unknown ({head[12]})"
+            what = "compact" if is_compact(head) else f"unknown ({head[12]})"
             raise UnsupportedVersionError(
                 self.path, f"its layout is {what}, not the full container layout read here"
             )
@@ -222,8 +222,8 @@ class ContainerReader(OpenFile):
 def open_container(path: str | os.PathLike[str]) -> ContainerReader | CompactReader:
     """Open and validate an `.skv` file (superblock, index, tiling); sections load lazily.
 
-    A compact single-session file (format 1.2) opens as a CompactReader, which answers the
-    same questions (header, sections, read_section, verify).
+    A compact file (a single session, format 1.2, or a compact archive, 1.8) opens as a
+    CompactReader, which answers the same questions (header, sections, read_section, verify).
     """
     try:
         with open(path, "rb") as file:

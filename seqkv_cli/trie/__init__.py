@@ -21,7 +21,7 @@ trie imports one of its modules). Writing, locking and publishing files is the a
 (`seqkv_cli.archive`); the byte layout is docs/FORMAT.md, "Trie archives".
 """
 
-from seqkv_cli.trie.compact import compact_form, tables_of
+from seqkv_cli.trie.compact import compact_archive_form, compact_form, expanded
 from seqkv_cli.trie.costs import session_costs, trie_shape
 from seqkv_cli.trie.decode import DecodeStats, decode_sessions, node_steps
 from seqkv_cli.trie.encode import SegmentBuild, refuse_empty
@@ -101,11 +101,13 @@ __all__ = [
     "choose_members",
     "cluster",
     "common_prefix_len",
+    "compact_archive_form",
     "compact_form",
     "decode_edits",
     "decode_sessions",
     "encode_edits",
     "encode_tables",
+    "expanded",
     "fork_track",
     "grow_segment",
     "index_sections",
@@ -124,7 +126,6 @@ __all__ = [
     "session_costs",
     "session_entries",
     "session_part",
-    "tables_of",
     "too_deep",
     "trie_shape",
 ]

@@ -2,8 +2,9 @@
 
 Nodes never split: a branch may start *inside* its parent (after `attach` of the parent's
 tokens), so an append-only archive grows without rewriting a node, and a session costs
-exactly the tokens no earlier session has at the same prefix. compress and compact insert
-shorter sessions first, so a session that is a prefix of another ends where a node ends.
+exactly the tokens no earlier session has at the same prefix. compress inserts shorter
+sessions first, so a session that is a prefix of another ends where a node ends; `archive
+compact` inserts longer ones first, so a chain of turns becomes one node.
 """
 
 from __future__ import annotations
@@ -79,8 +80,15 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def insertion_order(lengths: list[int]) -> list[int]:
+def insertion_order(lengths: list[int], merge_prefixes: bool = False) -> list[int]:
     """Shortest first (stable), as an agent's snapshots arrive: a session that prefixes a
     longer one then ends at the end of its own node, so restoring it decodes no token of
-    the longer one and checks its node's token checksum."""
+    the longer one and checks its node's token checksum.
+
+    `merge_prefixes`: longest first, so such a session ends inside the longer one's node.
+    A chain of 50 turns is then one node and one token stream instead of 50 (each node costs
+    a table row and, for `seq`, a stream flush); an early turn is then decoded short of the
+    node's checksum and checked by its log2 PP alone (archive/restore_trie.py)."""
+    if merge_prefixes:
+        return sorted(range(len(lengths)), key=lambda i: -lengths[i])
     return sorted(range(len(lengths)), key=lambda i: lengths[i])

@@ -49,9 +49,13 @@ if TYPE_CHECKING:
 
 
 def place_sessions(
-    trie: Trie, sources: list[Source], members: dict[int, int] | None = None
+    trie: Trie,
+    sources: list[Source],
+    members: dict[int, int] | None = None,
+    merge_prefixes: bool = False,
 ) -> list[tuple[int, int]]:
-    """Insert every session (shortest first); each one's (end node, end offset).
+    """Insert every session (shortest first; longest first with `merge_prefixes`, see
+    `insertion_order`); each one's (end node, end offset).
 
     Near-duplicate `members` (stored as edits) are not inserted: their path is only the
     prefix they share exactly; one that shares nothing is inserted after all (and dropped
@@ -60,7 +64,7 @@ def place_sessions(
     refuse_empty(sources)
     members = {} if members is None else members
     ends: list[tuple[int, int] | None] = [None] * len(sources)
-    for i in insertion_order([len(s.tokens) for s in sources]):
+    for i in insertion_order([len(s.tokens) for s in sources], merge_prefixes):
         if i not in members:
             node, end, _ = trie.insert(sources[i].tokens, i)
             ends[i] = (node, end)

@@ -96,9 +96,9 @@ def load_trie(
     for k in segments:
         where = f"{path} segment {k}"
         if compact is not None:
-            from seqkv_cli.trie.compact import tables_of
+            from seqkv_cli.trie.compact import compact_tables
 
-            tables = tables_of(compact, reader.sections[0].length)
+            tables = compact_tables(reader, where)
         else:
             raw = reader.read_section(part_name(k, "index"))
             tables = decode_tables(raw, len(nodes), where, context)

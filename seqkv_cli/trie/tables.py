@@ -192,14 +192,20 @@ class _Reader:
 
 
 def encode_tables(
-    tables: SegmentTables, first_node: int, context: TableContext | None = None
+    tables: SegmentTables,
+    first_node: int,
+    context: TableContext | None = None,
+    relative_ends: bool = False,
 ) -> bytes:
     """Serialise one segment's tables; `first_node` is the global index of its first node.
 
     With a `context` (a format 1.6 file) the table is version 2, written against the archive
-    before it; without, version 1 (files that older seqkv read and extend)."""
+    before it; without, version 1 (files that older seqkv read and extend). `relative_ends`
+    (a compact archive's table, format 1.8): a session that ends inside its node states its
+    end against the session before it when that one ends inside the same node (an agent's
+    turns merged into one node end 100, 200, ... tokens in: the same small number each)."""
     if context is not None:
-        return _encode_2(tables, first_node, context)
+        return _encode_2(tables, first_node, context, relative_ends)
     flags = FLAG_PROFILES if len(tables.profiles) > 1 else 0
     out = bytearray(_HEAD.pack(MAGIC, VERSION, flags))
     _counts_and_rows(tables, first_node, flags, out)
@@ -219,7 +225,9 @@ def _pack_strings(strings: dict, out: bytearray) -> None:
     out += packed
 
 
-def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> bytes:
+def _encode_2(
+    tables: SegmentTables, first_node: int, context: TableContext, relative_ends: bool = False
+) -> bytes:
     stored, created = stored_profiles(tables.profiles)
     inherited = bool(stored) and tuple(stored) == context.profiles
     extras = any(r.extra for r in tables.sessions)
@@ -238,7 +246,7 @@ def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> 
             raise SeqkvError(f"internal: codec id {tables.codec!r} cannot be stored")
         _varint(len(name), out)
         out += name
-    _counts_and_rows(tables, first_node, flags, out, 2)
+    _counts_and_rows(tables, first_node, flags, out, 2, relative_ends)
     if flags & FLAG_STRINGS:
         # the ids with their metadata, as version 1 writes them: zlib finds what they share
         strings: dict = {} if inherited else {"profiles": stored}
@@ -256,7 +264,12 @@ def _encode_2(tables: SegmentTables, first_node: int, context: TableContext) -> 
 
 
 def _counts_and_rows(
-    tables: SegmentTables, first_node: int, flags: int, out: bytearray, version: int = VERSION
+    tables: SegmentTables,
+    first_node: int,
+    flags: int,
+    out: bytearray,
+    version: int = VERSION,
+    relative_ends: bool = False,
 ) -> None:
     """The counts, the node table and the session table: the same in both versions (version
     2 writes the K/V block count only where there are blocks)."""
@@ -277,29 +290,40 @@ def _counts_and_rows(
             _varint(length, out)
     previous = first_node - 1
     node_tokens = {first_node + k: n.n_tokens for k, n in enumerate(tables.nodes)}
+    inside = 0  # the end of the session before, where it ended inside the same node
     for rec in tables.sessions:
         full = node_tokens.get(rec.end_node) == rec.end
+        same = rec.end_node == previous
         _varint(zigzag_encode(rec.end_node - previous) * 2 + (0 if full else 1), out)
         if not full:
-            _varint(rec.end, out)
+            if relative_ends:
+                _varint(zigzag_encode(rec.end - (inside if same else 0)), out)
+            else:
+                _varint(rec.end, out)
         out += rec.log2_ppl_milli.to_bytes(2, "little")
         if flags & FLAG_PROFILES:
             _varint(rec.profile, out)
-        previous = rec.end_node
+        previous, inside = rec.end_node, (0 if full else rec.end)
 
 
 def decode_tables(
-    data: bytes, first_node: int, where: str, context: TableContext | None = None
+    data: bytes,
+    first_node: int,
+    where: str,
+    context: TableContext | None = None,
+    relative_ends: bool = False,
 ) -> SegmentTables:
     """Parse one segment's tables; node references must point at nodes that exist before.
 
     A session's `end` is -1 when it runs to the end of its node (resolved by the loader,
     which knows nodes of earlier segments too). A version-2 table is read against `context`
-    (the archive before it; FRESH for the first segment).
+    (the archive before it; FRESH for the first segment); `relative_ends` as `encode_tables`.
     """
     r = _Reader(bytes(data), where)
     if r.data[:1] and _tag_flags(r.data[0]) is not None:
-        return _decode_2(r, first_node, FRESH if context is None else context)
+        return _decode_2(r, first_node, FRESH if context is None else context, relative_ends)
+    if relative_ends:
+        raise r.fail("a compact archive's table is not a version-2 table")
     if r.data[:1] and r.data[0] >= 0xC0:  # a version-2 table with flags this seqkv lacks
         raise SeqkvError(f"{where}: trie table uses features of a newer seqkv; upgrade seqkv")
     magic, version, flags = _HEAD.unpack(r.take(_HEAD.size))
@@ -335,7 +359,7 @@ def _names_limit(n_sessions: int) -> int:
 
 
 def _rows(
-    r: _Reader, first_node: int, flags: int, version: int = VERSION
+    r: _Reader, first_node: int, flags: int, version: int = VERSION, relative_ends: bool = False
 ) -> tuple[list[Node], list[SessionRecord], int]:
     """The counts, node table and session table (both versions); ids are filled in later."""
     n_nodes, n_sessions = r.varint(), r.varint()
@@ -354,17 +378,23 @@ def _rows(
         parent = -1 if back == 0 else index - back
         nodes.append(Node(parent, attach, n_tokens, payload, check, lengths))
     total_nodes = first_node + n_nodes
-    sessions, previous = [], first_node - 1
+    sessions, previous, inside = [], first_node - 1, 0
     for _ in range(n_sessions):
         code = r.varint()
         end_node = previous + zigzag_decode(code >> 1)
         if not 0 <= end_node < total_nodes:
             raise r.fail(f"a session ends in node {end_node}, which does not exist")
-        end = r.varint() if code & 1 else None
+        end = None
+        if code & 1:
+            end = r.varint()
+            if relative_ends:
+                end = zigzag_decode(end) + (inside if end_node == previous else 0)
+                if end < 1:  # the loader checks the upper bound against its node
+                    raise r.fail("a session ends before its node starts")
         ppl = int.from_bytes(r.take(2), "little")
         profile = r.varint() if flags & FLAG_PROFILES else 0
         sessions.append(SessionRecord("", end_node, -1 if end is None else end, ppl, profile))
-        previous = end_node
+        previous, inside = end_node, (0 if end is None else end)
     return nodes, sessions, kv_blocks
 
 
@@ -387,7 +417,9 @@ def _tag_flags(first: int) -> int | None:
     return None
 
 
-def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTables:
+def _decode_2(
+    r: _Reader, first_node: int, context: TableContext, relative_ends: bool = False
+) -> SegmentTables:
     flags = _tag_flags(r.take(1)[0]) or 0
     created = None
     if flags & FLAG_CREATED:
@@ -403,7 +435,7 @@ def _decode_2(r: _Reader, first_node: int, context: TableContext) -> SegmentTabl
         if not raw.isascii() or not raw.decode().replace("-", "").isalnum():
             raise r.fail("its codec id is not a codec name")
         codec = raw.decode()
-    nodes, sessions, kv_blocks = _rows(r, first_node, flags, 2)
+    nodes, sessions, kv_blocks = _rows(r, first_node, flags, 2, relative_ends)
     if not flags & FLAG_STRINGS:
         _front_coded_ids(r, sessions, context.last_id)
     strings: dict = {}

@@ -239,3 +239,47 @@ def test_load_modes_golden_restores_every_session_bit_for_bit(name):
     assert whole.tokens.tolist() == last.tokens.tolist()
     for a, b in zip(whole.keys + whole.values, last.keys + last.values, strict=True):
         assert torch.equal(a, b)
+
+
+COMPACT_ARCHIVE_GOLDEN = SEQ_GOLDEN.parent / "compact-archive-v1"
+COMPACT_ARCHIVE_FILES = json.loads((COMPACT_ARCHIVE_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(COMPACT_ARCHIVE_FILES))
+def test_compact_archive_golden_restores_every_session_bit_for_bit(name, tmp_path):
+    """Format 1.8 (seqkv 0.8): compact archives. Two captures with `--layout compact` (and
+    today's writer gives the same bytes); an agent's four turns compacted, small and fast,
+    whose turns end inside one node: each restores the tokens and K/V the 1.6 golden's of the
+    same tokens restore."""
+    import hashlib
+
+    from seqkv_cli.archive import compress_captures, same_capture
+
+    want = COMPACT_ARCHIVE_FILES[name]
+    path = COMPACT_ARCHIVE_GOLDEN / f"{name}.skv"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == want["sha256"]
+    model = str(SEQ_GOLDEN / "model")
+    captures = SEQ_GOLDEN.parent / "seq-portable-v3" / "captures"
+    with Archive(path, model=model) as arc:
+        assert arc.reader.version == (1, 8) and arc.reader.archive
+        assert [e["id"] for e in arc.sessions] == want["sessions"]
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    if name == "captures":
+        for sid in want["sessions"]:
+            assert same_capture(restored[sid], load_capture(captures / f"{sid}.safetensors"))
+        again = tmp_path / "again.skv"
+        paths = [captures / f"{sid}.safetensors" for sid in want["sessions"]]
+        compress_captures(paths, again, codec="seq", model=model, layout="compact")
+        assert again.read_bytes() == path.read_bytes()
+        return
+    tokens = load_capture(captures / "b.safetensors").tokens
+    for sid, cut in zip(want["sessions"], want["tokens"], strict=True):
+        assert restored[sid].tokens.tolist() == tokens[:cut].tolist(), sid
+    with Archive(RECORDS_GOLDEN / "api-turns.skv", model=model) as old:
+        whole = old.restore(old.session("agent/turn-3"))  # all of b's tokens, format 1.6
+    last = restored[want["sessions"][-1]]
+    for a, b in zip(whole.keys + whole.values, last.keys + last.values, strict=True):
+        assert torch.equal(a, b)
+    first = restored[want["sessions"][0]]  # a turn that ends inside the node: its rows
+    for a, b in zip(whole.keys + whole.values, first.keys + first.values, strict=True):
+        assert torch.equal(a[:, : want["tokens"][0]], b)  # (heads, positions, dim)

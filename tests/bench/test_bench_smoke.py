@@ -247,6 +247,12 @@ def test_agent_turns(model, tmp_path):
     # each turn's growth is its coded tokens and its framing, and the third a segment only
     assert all(t["growth_bytes"] == t["coded_bytes"] + t["framing_bytes"] for t in turns)
     assert 0 < turns[2]["framing_bytes"] < 80
+    # compacted: one node of a compact archive, its tokens about the turns' coded tokens
+    assert summary["compacted_layout"] == "compact archive"
+    assert summary["compacted_bytes"] < summary["file_bytes"]
+    coded = sum(t["coded_bytes"] for t in turns)
+    assert summary["compacted_bytes"] - summary["compacted_token_bytes"] < 40 + 20 * len(turns)
+    assert summary["compacted_token_bytes"] <= coded + 8
 
 
 def test_load_modes(model, tmp_path):

@@ -1,8 +1,10 @@
-"""Compact single-session files (format 1.2): layout, limits, and every way a file can be bad."""
+"""Compact files — single sessions (format 1.2) and compact archives (1.8): layout, limits,
+and every way a file can be bad."""
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 import pytest
 
@@ -17,13 +19,19 @@ from seqkv_cli.container import (
     open_container,
 )
 from seqkv_cli.container.compact import (
+    ARCHIVE_SECTION,
+    FIXED_HEADER,
     TOKENS_SECTION,
+    CompactProfile,
     CompactSession,
     encode_compact,
+    encode_compact_archive,
     write_compact,
+    write_compact_archive,
 )
 from seqkv_cli.container.compact_reader import CompactReader
-from seqkv_cli.container.format import FORMAT_MINOR, crc32c
+from seqkv_cli.container.errors import SectionCorruptError
+from seqkv_cli.container.format import FORMAT_MINOR, MAX_INDEX_BYTES, crc32c, encode_varint
 from seqkv_cli.container.reader import ContainerReader
 
 PAYLOAD = bytes(range(200)) * 2
@@ -216,7 +224,7 @@ def test_a_newer_minor_and_an_unknown_layout_ask_for_an_upgrade(tmp_path):
 
 def test_the_full_layout_reader_names_a_compact_file(tmp_path):
     path = write(tmp_path, encode_compact(session(), PAYLOAD))
-    with pytest.raises(UnsupportedVersionError, match="compact single-session"):
+    with pytest.raises(UnsupportedVersionError, match="its layout is compact"):
         ContainerReader(path)
 
 
@@ -261,3 +269,109 @@ def test_v3_numerics_are_format_1_5(tmp_path):
     assert encode_compact(mixed, PAYLOAD)[10] == 5
     v2 = session(numerics="portable-fx53-v2", numeric_path="portable-fx53-v2")
     assert encode_compact(v2, PAYLOAD)[10] == 3
+
+
+# --- compact archives (format 1.8): the container keeps a deflated table and the tokens ---
+
+TABLE = b"a version-2 segment table, which the container does not read " * 3
+
+
+def profile(**changes) -> CompactProfile:
+    fields = {k: v for k, v in vars(session()).items() if k in CompactProfile.__dataclass_fields__}
+    return CompactProfile(**{**fields, **changes})
+
+
+def archive_bytes(packed: bytes, payload: bytes, minor: int = 8, layout: int = 4) -> bytes:
+    """A compact archive built by hand around an already deflated table (checksums valid)."""
+    head = bytearray(FIXED_HEADER.pack(b"\x89SKV\r\n\x1a\n", 1, minor, layout, 0, bytes(8), 0))
+    for value in (30, 3, 64, len(packed), len(payload)):
+        head += encode_varint(value)
+    head += crc32c(bytes(head)).to_bytes(4, "little")
+    body = packed + payload
+    return bytes(head) + body + crc32c(body).to_bytes(4, "little")
+
+
+def deflated(data: bytes) -> bytes:
+    deflater = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return deflater.compress(data) + deflater.flush()
+
+
+def test_a_compact_archive_reads_as_its_table_then_its_tokens(tmp_path):
+    path = tmp_path / "many.skv"
+    size = write_compact_archive(path, profile(), TABLE, PAYLOAD)
+    assert size == path.stat().st_size == len(encode_compact_archive(profile(), TABLE, PAYLOAD))
+    with open_container(path) as reader:
+        assert isinstance(reader, CompactReader) and reader.archive
+        assert reader.version == (1, 8) and reader.compact == profile()
+        [entry] = reader.sections
+        assert entry.name == ARCHIVE_SECTION
+        assert reader.read_section(ARCHIVE_SECTION) == TABLE + PAYLOAD
+        assert entry.length == size - reader.header_bytes - 4 < len(TABLE) + len(PAYLOAD)
+        reader.verify()
+        with pytest.raises(ContainerError, match="only t1/index"):
+            reader.read_section(TOKENS_SECTION)
+    # a profile whose codes came in 1.5 still makes a 1.8 file (the layout came then)
+    write_compact_archive(path, profile(numerics="portable-fx53-v3"), TABLE, PAYLOAD)
+    with open_container(path) as reader:
+        assert reader.version == (1, 8) and reader.compact.numerics == "portable-fx53-v3"
+    with pytest.raises(UnsupportedVersionError, match="its layout is compact"):
+        ContainerReader(path)
+
+
+@pytest.mark.parametrize(
+    "packed, payload, error, words",
+    [
+        (b"\xff" * 9, PAYLOAD, MalformedContainerError, "does not inflate"),
+        (deflated(TABLE) + b"!", PAYLOAD, MalformedContainerError, "does not end where"),
+        (deflated(TABLE)[:-2], PAYLOAD, MalformedContainerError, "does not end where"),
+        (deflated(bytes(MAX_INDEX_BYTES + 1)), b"", MalformedContainerError, "inflates past"),
+    ],
+)
+def test_a_table_with_a_valid_checksum_but_hostile_bytes_is_refused(
+    tmp_path, packed, payload, error, words
+):
+    path = write(tmp_path, archive_bytes(packed, payload))
+    with pytest.raises(error, match=words) as info, open_container(path) as reader:
+        reader.read_section(ARCHIVE_SECTION)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "data, error, words",
+    [
+        (archive_bytes(deflated(TABLE), PAYLOAD, minor=7), MalformedContainerError, "format 1.7"),
+        (archive_bytes(b"", PAYLOAD), MalformedContainerError, "table is empty"),
+        (archive_bytes(deflated(TABLE), PAYLOAD) + b"x", MalformedContainerError, "after its end"),
+        (archive_bytes(deflated(TABLE), PAYLOAD, minor=9), UnsupportedVersionError, "upgrade"),
+    ],
+)
+def test_a_compact_archive_header_that_lies_is_refused(tmp_path, data, error, words):
+    with pytest.raises(error, match=words), open_container(write(tmp_path, data)):
+        pass
+
+
+def test_every_truncation_and_bit_flip_of_a_compact_archive_is_caught(tmp_path):
+    data = encode_compact_archive(profile(), TABLE, PAYLOAD[:40])
+    for cut in range(len(data)):
+        path = write(tmp_path, data[:cut])
+        with pytest.raises(ContainerError) as info, open_container(path) as reader:
+            reader.verify()
+        assert "\n" not in str(info.value)
+    for at in range(len(data)):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x10
+        path = write(tmp_path, bytes(flipped))
+        with pytest.raises(ContainerError), open_container(path) as reader:
+            reader.verify()  # the header's CRC32C, or the one over table and tokens
+    path = write(tmp_path, data)
+    with open_container(path) as reader:
+        reader.verify()
+    body = bytearray(data)
+    body[-10] ^= 1
+    corrupt = write(tmp_path, bytes(body))
+    reader = open_container(corrupt)  # the header is intact: the open succeeds
+    try:
+        with pytest.raises(SectionCorruptError, match="table or token payload is corrupt"):
+            reader.read_section(ARCHIVE_SECTION)
+    finally:
+        reader.close()

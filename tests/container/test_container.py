@@ -40,6 +40,7 @@ from seqkv_cli.container.format import (
     LAYOUT_JSON,
     LAYOUT_RECORDS,
     LAYOUT_TABLES,
+    SEGMENT_CODECS_MINOR,
     SLOT_OFFSETS,
     SUPERBLOCK_SIZE,
     TABLES_MINOR,
@@ -136,7 +137,7 @@ def leftovers(directory: Path) -> list[str]:
 
 
 LAYOUTS = [
-    (LAYOUT_RECORDS, FORMAT_MINOR),  # new files: the newest minor (1.6 added the layout)
+    (LAYOUT_RECORDS, SEGMENT_CODECS_MINOR),  # new full-layout files: 1.7 (1.8 is compact)
     (LAYOUT_TABLES, TABLES_MINOR),
     (LAYOUT_JSON, FULL_LAYOUT_MINOR),
 ]

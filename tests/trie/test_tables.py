@@ -292,3 +292,48 @@ def test_a_segment_of_another_codec_names_it_after_a_wide_tag():
 def test_a_hostile_codec_id_is_refused_in_one_line(first, name, words):
     data = bytes([first]) + encode_varint(len(name)) + name + ONE_NODE + ONE_SESSION
     assert words in _damaged(data)
+
+
+def _chain_tables(ends: list[tuple[int, int]]) -> SegmentTables:
+    """Two roots of 500 and 300 tokens; sessions ending `(node, end)` in table order."""
+    nodes = [Node(-1, 0, 500, 0, 7), Node(-1, 0, 300, 0, 9)]
+    sessions = [SessionRecord(f"t-{k}", n, e, 4000 + k) for k, (n, e) in enumerate(ends)]
+    return SegmentTables(nodes, sessions, [{"shapes": {}}])
+
+
+@pytest.mark.parametrize(
+    "ends",
+    [
+        [(0, 100), (0, 200), (0, 300), (0, 400), (0, 500)],  # an agent's turns, merged
+        [(0, 400), (0, 100), (1, 50), (1, 300), (0, 20), (0, 500), (0, 7)],  # any order
+        [(1, 1), (1, 1), (0, 499)],
+    ],
+)
+def test_relative_ends_read_back_as_written(ends):
+    context = TableContext("", ({"shapes": {}},), 0)
+    tables = _chain_tables(ends)
+    data = encode_tables(tables, 0, context, relative_ends=True)
+    back = decode_tables(data, 0, "x", context, relative_ends=True)
+    sizes = [500, 300]
+    assert [(s.end_node, s.end) for s in back.sessions] == [
+        (n, -1 if e == sizes[n] else e) for n, e in ends
+    ]
+    assert [s.id for s in back.sessions] == [s.id for s in tables.sessions]
+    # the same table read with absolute ends gives other ends: the flag matters
+    if ends[1] == (0, 200):
+        absolute = decode_tables(data, 0, "x", context)
+        assert absolute.sessions[2].end == 200  # zigzag(300 - 200), not 300
+        # equal steps are one repeated pair of bytes (zigzag(100) = c8 01), not 100, 200, ...
+        assert data.count(bytes.fromhex("c801")) >= 4
+
+
+def test_relative_ends_refuse_an_end_before_the_node():
+    context = TableContext("", ({"shapes": {}},), 0)
+    data = bytearray(encode_tables(_chain_tables([(0, 100), (0, 50)]), 0, context, True))
+    # the second session's delta: zigzag(-50) = 99 = 0x63; make it zigzag(-100) = 199 (c7 01)
+    at = data.index(bytes([0x63]), data.index(bytes.fromhex("a00f")) + 2)
+    data[at : at + 1] = bytes.fromhex("c701")
+    with pytest.raises(SeqkvError, match=r"trie table is damaged \(a session ends before"):
+        decode_tables(bytes(data), 0, "x", context, relative_ends=True)
+    with pytest.raises(SeqkvError, match="not a version-2 table"):
+        decode_tables(encode_tables(_tables(), 0), 0, "x", context, relative_ends=True)
