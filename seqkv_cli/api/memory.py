@@ -369,6 +369,18 @@ class MemoryArchive:
             )
         return reports
 
+    def compact(self, load: str | None = None, layout: str = "auto") -> int:
+        """Rewrite the archive as one trie, as `seqkv archive compact` does, and return its
+        new size. A tokens-only memory becomes a compact archive (format 1.8) whose chains of
+        turns are single nodes: a few bytes a turn beyond its coded tokens, without capture
+        provenance (`layout="trie"` keeps the full layout). `load` ("small", "fast") codes
+        every session that way. Every session is restored bit for bit from the new file before
+        it replaces the old one; the next `add` rewrites it in the full layout once."""
+        from seqkv_cli.archive import compact
+
+        result = compact(self._file(), model=self._lm, load=load, layout=layout)
+        return result.file_bytes
+
     # -- internals ------------------------------------------------------------------------
     def _store(self, sources, load: str | None = None) -> Written:
         """Append `sources` to the archive (in load mode `load`), or create it with them."""

@@ -293,6 +293,29 @@ def test_tokens_only_recomputes_and_a_growing_session_pays_for_new_tokens(tmp_pa
         assert torch.equal(k[0], canon.keys[i]) and torch.equal(v[0], canon.values[i])
 
 
+def test_compact_makes_a_tokens_only_memory_a_compact_archive(tmp_path, tiny_lm):
+    from seqkv_cli.container import open_container
+
+    ids = token_ids(60)
+    path = tmp_path / "m.skv"
+    with seqkv.open_archive(path, model=tiny_lm) as arc:
+        for k in range(1, 5):
+            arc.add(f"turn-{k}", ids[:, : 15 * k])
+        before = path.stat().st_size
+        size = arc.compact()
+        assert size == path.stat().st_size < before / 2
+        with open_container(path) as reader:
+            assert reader.version == (1, 8) and reader.archive
+        assert [s.id for s in arc.sessions()] == [f"turn-{k}" for k in range(1, 5)]
+        assert arc.tokens("turn-2") == ids[0, :30].tolist()
+        arc.add("turn-5", ids)  # the next turn: the full layout again, nothing lost
+        assert arc.tokens("turn-3") == ids[0, :45].tolist() and len(arc) == 5
+        with pytest.raises(SeqkvError, match="unknown layout"):
+            arc.compact(layout="bogus")
+    with pytest.raises(SeqkvError, match="has no sessions yet"):
+        seqkv.open_archive(tmp_path / "new.skv", model=tiny_lm).compact()
+
+
 def test_residual_none_says_how_far_the_recompute_is(tmp_path, user_model, tiny_lm):
     ids = token_ids(24)
     cache = _cache_of(user_model, ids, torch.bfloat16)
