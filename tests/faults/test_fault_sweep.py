@@ -107,6 +107,12 @@ def commands(model: Path, lm) -> list[Command]:
         (folder / "out").mkdir()
         api_add(str(folder / "out/m.skv"), str(model), "s1", list(range(5, 25)))
 
+    def api_turns(folder):
+        from faultkit import api_add
+
+        api_existing(folder)
+        api_add(str(folder / "out/m.skv"), str(model), "s2", list(range(5, 33)))
+
     def skv(name, with_lm=None, kv=True):
         return lambda folder: {name: archive_state(folder / name, with_lm, kv)}
 
@@ -161,6 +167,16 @@ def commands(model: Path, lm) -> list[Command]:
                 "segments": _generation(f / "out/x.skv"),
                 "out/x.skv": archive_state(f / "out/x.skv"),
             },
+        ),
+        Command(
+            "archive compact (an agent's turns: a compact archive)",
+            api_turns,
+            lambda f: {"argv": ["archive", "compact", "out/m.skv", *m]},
+            lambda f: {
+                "compact archive": _is_compact_archive(f / "out/m.skv"),
+                **skv("out/m.skv", lm, kv=False)(f),
+            },
+            MODEL_ACTIONS,
         ),
         Command(
             "decompress",
@@ -288,6 +304,17 @@ def _generation(path: Path) -> int:
 
     with open_container(path) as reader:
         return reader.slot.generation
+
+
+def _is_compact_archive(path: Path) -> bool | None:
+    """Whether the file is a compact archive (format 1.8) yet; None if it is not there."""
+    from seqkv_cli.container import ContainerError, open_container
+
+    try:
+        with open_container(path) as reader:
+            return bool(getattr(reader, "archive", False))
+    except (ContainerError, OSError):
+        return None
 
 
 def _report_rows(path: Path):
