@@ -80,9 +80,9 @@ def compact(
                 if len(sources) != len(ids):
                     raise SeqkvError(f"{path}: not every session restored; archive left as it was")
                 coder = resolve_codec(spec)
-                written = "smallest" if layout == "auto" else layout
+                wanted = "smallest" if layout == "auto" else layout
                 return compress_sources(
-                    sources, path, coder, True, lm, None, near_dup, written, merge_prefixes=True
+                    sources, path, coder, True, lm, None, near_dup, wanted, merge_prefixes=True
                 )
         if layout == "compact":
             raise SeqkvError(f"{path} cannot be a compact file: its sessions keep more than tokens")

@@ -405,7 +405,7 @@ def write_new(
             form = many
         if layout == "compact":
             raise SeqkvError(f"{out} cannot be a compact file: {form}")
-    header = archive_header(coder.get_config(), header_model, meta)
+    header = archive_header(config, header_model, meta)
     with ContainerWriter(tmp) as writer:
         for name, data in segment_sections(build, 1):
             writer.add_section(name, data)

@@ -143,7 +143,7 @@ class _Decoding:
         self.pending_kids = {n: len(self.kids.get(n, [])) for n in self.limit}
         self.finished: dict[int, Run | Exception] = {}  # done, an ancestor not yet settled
         # final: None, or the error that stopped the node (its children fail with it). Not
-        # the run: a chain of 50 turns kept 50 states (11 GB restoring an agent's memory).
+        # the run: kept here, every node of a chain of turns would keep its state to the end.
         self.settled: dict[int, Exception | None] = {}
 
     def fork_or_error(self, n: int, stepping: bool) -> Run | Exception:

@@ -235,17 +235,23 @@ def test_compact_layout_choices_and_refusals(caps, tiny_lm, tmp_path, turn_ids):
     assert result.exit_code == 2 and "unknown layout 'smallest'" in result.stderr
     # sessions that keep more than tokens (a residual): compact keeps the full layout, and
     # insisting on the compact one is refused in one line, the archive untouched
+    # captures the portable recompute reproduces keep nothing but tokens: a compact archive
     kept = tmp_path / "kept.skv"
     compress_captures(caps, kept, codec={"id": "seq", "residual": "lossless"}, model=tiny_lm)
-    before = kept.read_bytes()
     args = ("archive", "compact", kept, "--layout", "compact", "--model", tiny_lm.folder)
     result = invoke(*args)
-    if result.exit_code == 0:  # the captures are the portable recompute: nothing but tokens
-        with open_container(kept) as reader:
-            assert reader.archive
-    else:
-        assert result.exit_code == 2 and "cannot be a compact file" in result.stderr
-        assert "Traceback" not in result.output and kept.read_bytes() == before
+    assert result.exit_code == 0, result.output
+    with open_container(kept) as reader:
+        assert reader.archive
+    assert_exact(kept, tiny_lm, caps)
+    # sessions that keep their K/V (a per-vector codec): insisting on the compact layout is
+    # refused in one line, the archive untouched
+    blocks = tmp_path / "blocks.skv"
+    compress_captures(caps, blocks, codec="raw")
+    before = blocks.read_bytes()
+    result = invoke("archive", "compact", blocks, "--layout", "compact")
+    assert result.exit_code == 2 and "cannot be a compact file" in result.stderr
+    assert "Traceback" not in result.output and blocks.read_bytes() == before
 
 
 def _forged(tmp_path, tiny_lm, turn_ids, edit):
