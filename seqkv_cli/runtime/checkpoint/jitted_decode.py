@@ -468,6 +468,60 @@ def row_quants_q4_k(raw, q):  # a block: 4 chunks of 32 bytes, low nibbles a run
                 q[blk * 256 + h * 64 + 32 + t] = _HIGH[b]
 
 
+# --- a run's sum of integer activations times its quants, straight from the bytes ------------
+# int64 sums of int32 activations times the quants: exact in any order, and a form LLVM
+# multiplies four (AVX2) or eight at a time. A one-token step over block weights is mostly
+# these (`runtime.portable.jitted_weights.dot_runs`); ``xsum`` is the run's sum of ``xi``.
+
+
+@njit(**inline)
+def run_dot_q8_0(raw, s, xi, o, xsum, q):
+    r = s * 34 + 2
+    p = np.int64(0)
+    for j in range(32):
+        p += np.int64(xi[o + j]) * ((np.int64(raw[r + j]) ^ 128) - 128)
+    return p
+
+
+@njit(**inline)
+def _nibbles_dot(raw, r, xi, o):  # low nibbles times xi[o:o+16], high ones times the next 16
+    p = np.int64(0)
+    for j in range(16):
+        b = np.int64(raw[r + j])
+        p += np.int64(xi[o + j]) * (b & 15) + np.int64(xi[o + 16 + j]) * (b >> 4)
+    return p
+
+
+@njit(**inline)
+def run_dot_q4_0(raw, s, xi, o, xsum, q):
+    return _nibbles_dot(raw, s * 18 + 2, xi, o) - 8 * xsum
+
+
+@njit(**inline)
+def run_dot_q4_1(raw, s, xi, o, xsum, q):
+    return _nibbles_dot(raw, s * 20 + 4, xi, o)
+
+
+@njit(**inline)
+def run_dot_q4_k(raw, s, xi, o, xsum, q):
+    j = s % 8
+    r = (s // 8) * 144 + 16 + (j // 2) * 32
+    shift = 4 * (j % 2)
+    p = np.int64(0)
+    for t in range(32):
+        p += np.int64(xi[o + t]) * ((np.int64(raw[r + t]) >> shift) & 15)
+    return p
+
+
+# kind -> its run sum; the other block kinds unpack a run's quants first.
+RUN_DOTS = {
+    "q8_0": run_dot_q8_0,
+    "q4_0": run_dot_q4_0,
+    "q4_1": run_dot_q4_1,
+    "q4_k": run_dot_q4_k,
+}
+
+
 # kind -> its whole-row unpacker; the other block kinds go a run at a time (`quants_*`).
 ROW_QUANTS = {
     "q8_0": row_quants_q8_0,

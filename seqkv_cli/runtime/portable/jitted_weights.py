@@ -8,9 +8,12 @@ copy. Each kind has two row functions, compiled for it (`compile_kind`):
 * ``ints_row`` writes a row's integers into a buffer (a prefill's tile, or a step of several
   rows that then reuse them);
 * ``dot_row`` sums ``x · integers`` over a row — a one-row step, the common case. Float
-  kinds do it in one pass that keeps nothing; block kinds first make the row's integers in a
-  row-sized buffer and then sum them in a plain loop (a loop that both makes and sums them
-  does not vectorise). It is compiled apart, with reassociation (the one fast-math flag
+  kinds do it in one pass that keeps nothing. Block kinds never make the integers: where a
+  run's scale and offset are whole numbers c1, c0 of the row's units, the run adds
+  ``c1 · Σ x·q + c0 · Σ x`` in int64 (its quants read straight from the bytes: `RUN_DOTS`);
+  elsewhere each value is rounded as the reference does and summed in fp64. Both are the
+  exact integer sum the reference makes (`integer_form` bounds every int64 partial sum), so
+  the bits are the same. It is compiled apart, with reassociation (the one fast-math flag
   allowed: the terms are integers below 2**53, so any order gives the same sum), since numba
   would give an inlined copy its caller's flags.
 
@@ -27,7 +30,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from seqkv_cli.runtime.checkpoint.jitted_decode import BLOCK_FORMS, ROW_QUANTS, r32, specialise
+from seqkv_cli.runtime.checkpoint.jitted_decode import (
+    BLOCK_FORMS,
+    ROW_QUANTS,
+    RUN_DOTS,
+    r32,
+    specialise,
+)
 from seqkv_cli.runtime.portable.jitted import (
     exact_flags,
     peak_exponent,
@@ -38,6 +47,9 @@ from seqkv_cli.runtime.portable.jitted import (
 
 ROWS_PER_TASK = 16  # weight rows one parallel task takes (each task has its own buffers)
 F16_TO_F32 = 2.0**112  # an fp16's bits moved into an fp32's fields, times this: its value
+INT32_PEAK = 2.0**31 - 1  # activations the run sums take as int32
+QUANT_PEAK = 128  # |q| of every block kind's quants (8 bits at most)
+RUN_SUM_BOUND = 2.0**62  # every int64 partial sum of a row stays below this (int64: 2**63)
 
 
 @njit(**sum_flags)
@@ -51,15 +63,59 @@ def int_dot(x, w):  # integer-valued terms below 2**53: exact in any order
 # --- row functions, one pair per kind --------------------------------------------------------
 
 
-def dot_blocks(raw, down, x, q):  # template (SUB, params, unpack bound per kind)
-    ints_row(raw, down, q, q)  # noqa: F821 (the row's integers, then one plain dot)
-    acc = 0.0
+@njit(inline="always", **exact_flags)
+def integer_form(x, run, xi, xs):
+    """A step's integer activations x as int32 (xi) and their sums over each run of ``run``
+    (xs), and the bound ``lim`` a run's integer scale and offset must keep: then
+    Σ_runs (|c1|·|Σ x·q| + |c0|·|Σ x|) <= lim · (QUANT_PEAK + 1) · Σ|x| <= RUN_SUM_BOUND, so
+    no int64 sum can overflow. -1 (every run takes the rounding path) where x does not fit
+    int32 or is not finite, or the kind has no runs (``run`` 0)."""
+    if run == 0:
+        return -1.0
+    total = 0.0
     for k in range(x.shape[0]):
-        acc += x[k] * q[k]
-    return acc
+        a = abs(x[k])
+        if not a <= INT32_PEAK:  # NaN too
+            return -1.0
+        total += a
+    for k in range(x.shape[0]):
+        xi[k] = np.int32(x[k])
+    for s in range(xs.shape[0]):
+        t = np.int64(0)
+        for j in range(run):
+            t += xi[s * run + j]
+        xs[s] = t
+    return np.floor(RUN_SUM_BOUND / ((QUANT_PEAK + 1) * max(total, 1.0)))
 
 
-def ints_blocks(raw, down, out, q):  # template, as dot_blocks
+def dot_runs(raw, down, x, xi, xs, lim, q):  # template (SUB, params, quants, run_dot per kind)
+    acc = np.int64(0)  # the runs with whole-number scale and offset, exactly
+    rest = 0.0  # the others, rounded value by value as the reference does (exact in fp64)
+    for s in range(x.shape[0] // SUB):  # noqa: F821
+        a, b = params(raw, s)  # noqa: F821
+        c1, c0 = a * down, b * down
+        o = s * SUB  # noqa: F821
+        if abs(c1) <= lim and abs(c0) <= lim and c1 == np.rint(c1) and c0 == np.rint(c0):
+            p = run_dot(raw, s, xi, o, xs[s], q)  # noqa: F821
+            acc += np.int64(c1) * p + np.int64(c0) * xs[s]
+        else:
+            quants(raw, s, q)  # noqa: F821
+            for j in range(SUB):  # noqa: F821
+                rest += x[o + j] * np.rint(r32(a * q[j] + b) * down)
+    if rest != rest or abs(rest) == np.inf:  # x or a scale not finite: as the reference's sum
+        return rest
+    return np.float64(acc + np.int64(rest))  # the row's integer sum, below 2**53: exact
+
+
+def run_dot_quants(raw, s, xi, o, xsum, q):  # template (SUB, quants): the other block kinds
+    quants(raw, s, q)  # noqa: F821
+    p = 0.0  # below 2**53: QUANT_PEAK · Σ|x|
+    for j in range(SUB):  # noqa: F821
+        p += np.float64(xi[o + j]) * q[j]
+    return np.int64(p)
+
+
+def ints_blocks(raw, down, out, q):  # template (SUB, params, unpack bound per kind)
     unpack(raw, out)  # noqa: F821 (the quants, then each run's integers in their place)
     for s in range(out.shape[0] // SUB):  # noqa: F821
         a, b = params(raw, s)  # noqa: F821
@@ -82,7 +138,7 @@ def scratch_blocks(k_len):  # a row's quants
     return np.empty(k_len)
 
 
-def dot_f32(raw, down, x, scratch):
+def dot_f32(raw, down, x, xi, xs, lim, scratch):
     acc = 0.0
     for k in range(x.shape[0]):
         acc += x[k] * np.rint(np.float64(raw[k]) * down)
@@ -112,7 +168,7 @@ def widen_f16(raw, bits):  # fields moved into an fp32's places; value = that fp
     return bits.view(np.float32)
 
 
-def dot_widened(raw, down, x, scratch):  # template (widen, unit bound per kind)
+def dot_widened(raw, down, x, xi, xs, lim, scratch):  # template (widen, unit per kind)
     f = widen(raw, scratch)  # noqa: F821
     acc = 0.0
     for k in range(x.shape[0]):
@@ -158,6 +214,10 @@ def step(x, right, l1, raw, peak, bits, out):
     back = np.empty(m_rows)
     for m in range(m_rows):
         back[m] = pow2(quantize_row(x[m], right, l1, xq[m]))
+    one = m_rows == 1
+    xi = np.empty(k_len if one else 0, dtype=np.int32)
+    xs = np.empty(k_len // RUN if one and RUN else 0, dtype=np.int64)  # noqa: F821
+    lim = integer_form(xq[0], RUN, xi, xs) if one else -1.0  # noqa: F821
     n_rows = raw.shape[0]
     for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         scratch = new_scratch(k_len)  # noqa: F821
@@ -165,8 +225,9 @@ def step(x, right, l1, raw, peak, bits, out):
         for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
             down, col = pow2(bits - peak[n]), pow2(peak[n] - bits)
             # 2**(ex + ew) = 2**ex · 2**ew exactly (normal exponents: exact.quantize_rows)
-            if m_rows == 1:
-                out[0, n] = dot_row(raw[n], down, xq[0], scratch) * (back[0] * col)  # noqa: F821
+            if one:
+                dot = dot_row(raw[n], down, xq[0], xi, xs, lim, scratch)  # noqa: F821
+                out[0, n] = dot * (back[0] * col)
             else:
                 ints_row(raw[n], down, buf, scratch)  # noqa: F821
                 for m in range(m_rows):
@@ -192,28 +253,31 @@ _SERIAL_ONLY = ("peaks",)
 
 def _row_functions(kind: str) -> dict:
     """The kind's dot_row (reassociating), ints_row and new_scratch, compiled."""
+    inline = {**exact_flags, "inline": "always"}
     if kind in BLOCK_FORMS:
         sub, params, quants = BLOCK_FORMS[kind]
         unpack = ROW_QUANTS.get(kind)
         if unpack is None:
             runs = specialise(unpack_runs, kind, SUB=sub, quants=quants)
-            unpack = njit(**{**exact_flags, "inline": "always"})(runs)
-        bound = {"SUB": sub, "params": params, "unpack": unpack}
-        fns = (dot_blocks, ints_blocks, scratch_blocks)
+            unpack = njit(**inline)(runs)
+        run_dot = RUN_DOTS.get(kind)
+        if run_dot is None:
+            run_dot = njit(**inline)(specialise(run_dot_quants, kind, SUB=sub, quants=quants))
+        bound = {"SUB": sub, "params": params, "unpack": unpack, "quants": quants}
+        bound |= {"run_dot": run_dot, "RUN": sub}
+        fns = (dot_runs, ints_blocks, scratch_blocks)
     elif kind == "f32":
-        bound, fns = {}, (dot_f32, ints_f32, scratch_f32)
+        bound, fns = {"RUN": 0}, (dot_f32, ints_f32, scratch_f32)
     else:
         widen = widen_bf16 if kind == "bf16" else widen_f16
-        inline = njit(**{**exact_flags, "inline": "always"})(specialise(widen, kind))
-        bound = {"widen": inline, "unit": 1.0 if kind == "bf16" else F16_TO_F32}
+        bound = {"widen": njit(**inline)(specialise(widen, kind)), "RUN": 0}
+        bound["unit"] = 1.0 if kind == "bf16" else F16_TO_F32
         fns = (dot_widened, ints_widened, scratch_widened)
-    inline = {**exact_flags, "inline": "always"}
-    ints = njit(**inline)(specialise(fns[1], kind, **bound))
-    dot = specialise(fns[0], kind, **bound, ints_row=ints)  # the block kinds' dot uses it
     return {
-        "dot_row": njit(**sum_flags)(dot),
-        "ints_row": ints,
+        "dot_row": njit(**sum_flags)(specialise(fns[0], kind, **bound)),
+        "ints_row": njit(**inline)(specialise(fns[1], kind, **bound)),
         "new_scratch": njit(**inline)(specialise(fns[2], kind, **bound)),
+        "RUN": bound["RUN"],
     }
 
 
