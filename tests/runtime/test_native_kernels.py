@@ -226,3 +226,59 @@ def test_the_definitions_twins_are_registered_by_the_kernels_and_give_the_same_b
             strict=True,
         ):
             assert _bits(a).equal(_bits(b)) and _bits(a).equal(_bits(c)), fn.__name__
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_a_kernel_split_among_threads_gives_the_one_call_bits(threads):
+    """`kernels._run` gives each thread a range of a kernel's tasks: the products, the
+    quantizer, exp and the attention of a step give the same bits as one call does."""
+    from seqkv_cli.runtime.checkpoint import KINDS, StoredTensor
+    from seqkv_cli.runtime.checkpoint.formats import stored_array
+    from seqkv_cli.runtime.portable.attention import PortableState, attend
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 1536, generator=g)
+    big = torch.randn(600, 1536, dtype=torch.float64, generator=g)
+    raw = torch.randint(0, 256, (1000, KINDS["q8_0"].row_bytes(1536)), generator=g)
+    stored = StoredTensor(
+        KINDS["q8_0"], stored_array(KINDS["q8_0"], raw.byte().numpy()), (1000, 1536)
+    )
+    peaks = kernels.stored_peaks(stored)
+
+    def run_all():
+        state = PortableState(1, 2, 64, 600, (23, 23, 40), form=exact.L1)
+        k = big[:, :128].float().reshape(600, 2, 64).transpose(0, 1).contiguous()
+        state.write(0, k, k.flip(-1))
+        state.length = 599
+        return [
+            kernels.stored_step(x[:1], 22, True, stored, peaks, 22),
+            kernels.stored_step(x, 22, True, stored, peaks, 22),
+            kernels.stored_tile(stored, 0, 1000, peaks, 22),
+            *kernels.quantize_rows(big, 22, True),
+            kernels.exp(big, elementary.EXP_KERNEL),
+            attend(state, 0, x[0, :256].reshape(4, 1, 64).double(), 0.125, None, None),
+        ]
+
+    before = torch.get_num_threads()
+    try:  # split first: a range left out would keep a fresh buffer's bytes, not old results
+        torch.set_num_threads(threads)
+        split = run_all()
+        torch.set_num_threads(1)
+        one = run_all()
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(one, split, strict=True))
+
+
+def test_a_failure_in_one_threads_range_is_raised(monkeypatch):
+    ranges = []
+
+    def kernel(first, stop):
+        ranges.append((first, stop))
+        if first > 0:
+            raise ValueError("boom")
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    with pytest.raises(ValueError, match="boom"):
+        kernels._run(kernel, 10, kernels.PARALLEL_WORK)
+    assert sorted(ranges) == [(0, 2), (2, 5), (5, 7), (7, 10)]

@@ -194,7 +194,8 @@ def attend(state, layer, q, scaling, window, softcap) -> torch.Tensor:
         rows = torch.arange(s, end, **on)
         sel = (torch.arange(groups, **on)[:, None] * m + rows[None, :]).reshape(-1)
         qpos = (p0 + rows).repeat(groups)
-        if softcap is None and kernels.usable(q) and groups * len(rows) <= STEP_ROWS:
+        few = groups * len(rows) <= STEP_ROWS and kernels.steps_allowed()
+        if softcap is None and kernels.usable(q) and few:
             block = kernels.attend_rows(
                 exact.f64(qg[:, sel]), state, layer, p0 + end, qpos, window, scaling,
                 elementary.EXP_KERNEL,

@@ -33,6 +33,10 @@ def canary_digest(device=None) -> str:
     i = torch.arange(4096, dtype=torch.int64, device=device or "cpu")
     # Built from integers by one correctly rounded division: the same grid everywhere.
     rows = ((i * 7919 % 4001 - 2000).to(torch.float64) / 97.0).float().view(64, 64)
+    # v2's two-limb product by the reference alone: its kernels are checked where a v2 file
+    # is read (`run_canary` with that form), and a v3 run then compiles none of them.
+    with kernels.reference():
+        two_limbs = exact.matmul(rows, rows.t().contiguous(), exact.PEAK2)  # fp64
     parts = [
         elementary.exp(rows),
         elementary.log(rows.abs() + 1e-3),
@@ -47,7 +51,7 @@ def canary_digest(device=None) -> str:
         elementary.tree_sum(rows, -1),
         elementary.rsqrt(rows.abs() + 1.0),
         exact.matmul(rows, rows.t().contiguous()).float(),
-        exact.matmul(rows, rows.t().contiguous(), exact.PEAK2),  # fp64: both integers' sum
+        two_limbs,
         exact.matmul(rows * rows.abs(), rows.t().contiguous(), exact.L1),  # L1-scaled rows
         elementary.power(
             10000.0,
@@ -87,6 +91,14 @@ def _fixed_stored(kind: str, rows: int, k: int):
 
 
 STEP_ROWS, TILE_ROWS = (1, 3), (2 * kernels.MAX_KERNEL_ROWS,)
+# The attention's state bits and product form, for the forms a model's file may use (v2, v3).
+ATTENTION_CASES = (((23, 19, 40), exact.PEAK2), ((23, 23, 40), exact.L1))
+
+
+def _attention_cases(forms: tuple[int, ...]) -> tuple:
+    """The attention cases of ``forms`` (all of them where none is an attention form): a
+    model checks only the form its file uses, so a v3 capture compiles no v2 kernel."""
+    return tuple(c for c in ATTENTION_CASES if c[1] in forms) or ATTENTION_CASES
 
 
 def kernels_agree(
@@ -127,7 +139,7 @@ def kernels_agree(
     steps = {True: [], False: []}
     for native in (True, False):
         with contextlib.nullcontext() if native else kernels.reference():
-            for bits, form in (((23, 19, 40), exact.PEAK2), ((23, 23, 40), exact.L1)):
+            for bits, form in _attention_cases(forms):
                 state = PortableState(1, heads, 64, n, bits, form=form)
                 k = x.view(-1)[: heads * n * 64].view(heads, n, 64)
                 state.write(0, k, k.flip(-1) * 0.5)
@@ -152,14 +164,16 @@ def run_canary(device=None, kinds: tuple[str, ...] = ("f32",), form: int = exact
     """Refuse, with the check named, where this machine (or device) does not reproduce the
     definition; on the CPU, also where a native kernel for weights stored as one of ``kinds``
     in the product form ``form`` (a prefill's tiles, the attention's) gives other bits than
-    the reference. A step's product kernels are checked when first used (`check_step`): a
-    capture, a prefill, never compiles them."""
+    the reference. A step's kernels (its products, its attention of few rows) are checked
+    when first used (`check_step`): a capture, a prefill, never compiles them."""
     where = str(device or "cpu")
     if where not in _canary_ok:
         _canary_ok[where] = canary_digest(device) == CANARY_DIGEST
     unchecked = tuple(k for k in kinds if (k, form) not in _kinds_ok)
     if _canary_ok[where] and where == "cpu" and kernels.enabled() and unchecked:
-        if not kernels_agree(unchecked, (form,), TILE_ROWS):
+        with kernels.tiles_only():  # the attention as a prefill runs it (steps: check_step)
+            agree = kernels_agree(unchecked, (form,), TILE_ROWS)
+        if not agree:
             raise _kernel_mismatch()
         _kinds_ok.update((k, form) for k in unchecked)
     if not _canary_ok[where]:
@@ -174,12 +188,13 @@ def run_canary(device=None, kinds: tuple[str, ...] = ("f32",), form: int = exact
 
 def check_step(kind: str, form: int) -> None:
     """Before a step's native product over weights stored as `kind` in `form` first runs in
-    this process: refuse where it gives other bits than the reference here."""
+    this process: refuse where it, or a step's attention, gives other bits than the
+    reference here."""
     if (kind, form) in _steps_ok:
         return
     _steps_ok.add((kind, form))  # the check's own products run the kernels it checks
     try:
-        agree = kernels_agree((kind,), (form,), STEP_ROWS, attention=False)
+        agree = kernels_agree((kind,), (form,), STEP_ROWS)  # and a step's attention
     except BaseException:
         _steps_ok.discard((kind, form))
         raise

@@ -4,16 +4,18 @@ the quantizers, exp and scalings, and the per-value pieces the attention kernels
 
 Module-level functions, not closures: numba's disk cache keys a closure by its cells, and a
 cell holding another jitted function hashes differently in every process (every run would
-compile again, seconds each). Each kernel comes as a serial and a parallel build.
+compile again, seconds each). Each kernel is one build whose outer loop runs a range
+``first``..``stop`` of independent tasks (rows, or heads x rows): `kernels` runs ranges of them
+on several threads. numba's own parallel builds are not used: they compiled twice as long,
+and a new install's first command waited on them (docs/BENCHMARKS.md, first run).
 """
 
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 # elementary._EXP_TERMS, the exp polynomial's length: a constant count unrolls the Horner loop, so
 # its callers vectorise. Were the two to differ, the canary's digest would refuse the kernels.
@@ -54,8 +56,8 @@ def exp1(x0, coef, log2e, ln2_hi, ln2_lo, lo, hi):  # elementary.exp of one valu
     return 0.0 if x0 == -math.inf else y
 
 
-def exp(a, out, coef, log2e, ln2_hi, ln2_lo, lo, hi):
-    for i in prange(a.shape[0]):  # branch-free, so that it vectorises
+def exp(a, out, coef, log2e, ln2_hi, ln2_lo, lo, hi, first, stop):
+    for i in range(first, stop):  # branch-free, so that it vectorises
         out[i] = exp1(a[i], coef, log2e, ln2_hi, ln2_lo, lo, hi)
 
 
@@ -125,15 +127,15 @@ def quantize_row(row, bits, l1, out):  # one row of `quantize` into out; returns
     return e
 
 
-def quantize(a, bits, l1, xq, ex):  # a (M, K) -> xq (M, K), ex (M,)
+def quantize(a, bits, l1, xq, ex, first, stop):  # a (M, K) -> xq (M, K), ex (M,)
     """exact.quantize_l1 (l1: ``bits`` are the right operand's) or exact.quantize_rows."""
-    for m in prange(a.shape[0]):
+    for m in range(first, stop):
         ex[m] = quantize_row(a[m], bits, l1, xq[m])
 
 
-def split(a, bits, out, ex):  # exact.split_rows of a (H, R, K): out (H, 2R, K), ex (H, R)
-    heads, rows, k_len = a.shape
-    for t in prange(heads * rows):
+def split(a, bits, out, ex, first, stop):  # exact.split_rows of a (H, R, K): out (H, 2R, K)
+    rows, k_len = a.shape[1], a.shape[2]  # ex (H, R)
+    for t in range(first, stop):  # of heads * rows
         h = t // rows
         r = t - h * rows
         e = row_exponent(a[h, r], bits)
@@ -145,12 +147,12 @@ def split(a, bits, out, ex):  # exact.split_rows of a (H, R, K): out (H, 2R, K),
             out[h, rows + r, k] = np.rint((a[h, r, k] - q * back) * rest)
 
 
-def combine(s, erow, ecol, bits, out):  # scale(s1, e) + scale(s2, e - bits), e = erow+ecol
-    heads, rows, n_cols = out.shape  # s (H, 2R, N): the two limbs' integer sums
+def combine(s, erow, ecol, bits, out, first, stop):  # scale(s1, e) + scale(s2, e - bits)
+    rows, n_cols = out.shape[1], out.shape[2]  # s (H, 2R, N): the limbs' sums; e = erow + ecol
     col = np.empty(n_cols)
     for n in range(n_cols):
         col[n] = pow2(ecol[n])
-    for t in prange(heads * rows):
+    for t in range(first, stop):  # of heads * rows
         h = t // rows
         r = t - h * rows
         # 2**e = 2**erow · 2**ecol exactly (every exponent here is normal, see
@@ -160,31 +162,17 @@ def combine(s, erow, ecol, bits, out):  # scale(s1, e) + scale(s2, e - bits), e 
             out[h, r, n] = s[h, r, n] * (hi * col[n]) + s[h, rows + r, n] * (lo * col[n])
 
 
-def scale_product(s, erow, ecol, out):  # exact.fixed_matmul's scaling: s (M, N) · 2**(erow+ecol)
-    m_rows, n_cols = out.shape
+def scale_product(s, erow, ecol, out, first, stop):  # exact.fixed_matmul's scaling
+    n_cols = out.shape[1]  # s (M, N) · 2**(erow + ecol)
     col = np.empty(n_cols)
     for n in range(n_cols):
         col[n] = pow2(ecol[n])
-    for m in prange(m_rows):
+    for m in range(first, stop):  # of M
         row = pow2(erow[m])  # times col[n]: 2**(erow + ecol) exactly (normal, see combine)
         for n in range(n_cols):
             out[m, n] = s[m, n] * (row * col[n])
 
 
-def serial_and_parallel(fn, flags):
-    # Two function objects: numba's disk cache is keyed by the function's name, and a
-    # serial and a parallel build under one name would evict each other on every run.
-    parallel = types.FunctionType(
-        fn.__code__, fn.__globals__, f"{fn.__name__}_parallel", None, fn.__closure__
-    )
-    parallel.__qualname__ = f"{fn.__qualname__}_parallel"
-    return njit(**flags)(fn), njit(parallel=True, **flags)(parallel)
-
-
 KERNELS = {
-    "exp": serial_and_parallel(exp, exact_flags),
-    "quantize": serial_and_parallel(quantize, exact_flags),
-    "split": serial_and_parallel(split, exact_flags),
-    "combine": serial_and_parallel(combine, exact_flags),
-    "scale_product": serial_and_parallel(scale_product, exact_flags),
+    fn.__name__: njit(**exact_flags)(fn) for fn in (exp, quantize, split, combine, scale_product)
 }

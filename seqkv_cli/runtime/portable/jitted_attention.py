@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from seqkv_cli.runtime.portable.jitted import (
     exact_flags,
@@ -19,7 +19,6 @@ from seqkv_cli.runtime.portable.jitted import (
     l1_exponent,
     pow2,
     row_exponent,
-    serial_and_parallel,
     sum_flags,
 )
 
@@ -76,17 +75,17 @@ def powers_of(e):  # 2**e of an exponent table (H, n) -> fp64 (H, n)
     return out
 
 
-def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, total):
+def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, total, first, stop):
     """attention.attend between its two products, per (head, query row): the scores from
     the q·k integer sums, the causal/window mask, exp, the rounded numerators and their
     sum, each key's value scale folded in, and the weights split as `split_rows`."""
-    heads, rows = ew.shape  # w (H, limbs·R, n): the weights' integers, limb by limb
+    rows = ew.shape[1]  # w (H, limbs·R, n): the weights' integers, limb by limb
     n = w.shape[2]
     kbits, vbits, pbits, window, form, scaling = spec
     kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
     two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
     kscale, vscale = powers_of(ek), powers_of(ev)
-    for t in prange(heads * rows):
+    for t in range(first, stop):  # of heads * rows
         h = t // rows
         r = t - h * rows
         # A private row (no aliasing with s or w for LLVM to fear), and each form's loops
@@ -128,16 +127,16 @@ def dot(a, b):  # integer-valued terms, every partial sum below 2**53: exact in 
     return acc
 
 
-def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out):
+def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out, first, stop):
     """attention.attend for a few query rows (a step), products included: per (head,
     row) the query's limbs, its integer sums with the first n keys, the softmax weights as
     `softmax_weights`, and their integer sums with the values, scaled and divided."""
-    heads, rows, hd = out.shape
+    rows, hd = out.shape[1], out.shape[2]
     kbits, vbits, pbits, window, form, scaling = spec
     kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
     two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
     vscale = powers_of(ev[:, :n])
-    for t in prange(heads * rows):
+    for t in range(first, stop):  # of heads * rows
         h = t // rows
         r = t - h * rows
         x1 = np.empty(hd)
@@ -173,7 +172,4 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out)
             out[h, r, d] = v / total
 
 
-KERNELS = {
-    "softmax_weights": serial_and_parallel(softmax_weights, exact_flags),
-    "attend_rows": serial_and_parallel(attend_rows, exact_flags),
-}
+KERNELS = {fn.__name__: njit(**exact_flags)(fn) for fn in (softmax_weights, attend_rows)}

@@ -28,7 +28,7 @@ through their fp32 bit patterns.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from seqkv_cli.runtime.checkpoint.jitted_decode import (
     BLOCK_FORMS,
@@ -39,13 +39,12 @@ from seqkv_cli.runtime.checkpoint.jitted_decode import (
 )
 from seqkv_cli.runtime.portable.jitted import (
     exact_flags,
-    peak_exponent,
     pow2,
     quantize_row,
     sum_flags,
 )
+from seqkv_cli.runtime.portable.kernels import ROWS_PER_TASK
 
-ROWS_PER_TASK = 16  # weight rows one parallel task takes (each task has its own buffers)
 F16_TO_F32 = 2.0**112  # an fp16's bits moved into an fp32's fields, times this: its value
 INT32_PEAK = 2.0**31 - 1  # activations the run sums take as int32
 QUANT_PEAK = 128  # |q| of every block kind's quants (8 bits at most)
@@ -189,22 +188,15 @@ def scratch_widened(k_len):
 # --- kernels, templates over a kind's row functions ------------------------------------------
 
 
-def peaks(raw, k_len, out):  # out[n]: exact.quantize_rows' clamped peak exponent of row n
-    buf = np.empty(k_len)  # serial: once per weight and process, and the cheapest to compile
-    for n in range(raw.shape[0]):
-        decode_row(raw[n], buf)  # noqa: F821
-        out[n] = peak_exponent(buf)
-
-
-def tile(raw, start, peak, bits, out):  # out (R, K): the integers of rows start..start+R
-    rows, k_len = out.shape
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+def tile(raw, start, peak, bits, out, first, stop):  # out (R, K): rows start..start+R
+    rows, k_len = out.shape  # their integers; tasks of ROWS_PER_TASK rows
+    for task in range(first, stop):
         scratch = new_scratch(k_len)  # noqa: F821
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             ints_row(raw[start + r], pow2(bits - peak[start + r]), out[r], scratch)  # noqa: F821
 
 
-def step(x, right, l1, raw, peak, bits, out):
+def step(x, right, l1, raw, peak, bits, out, first, stop):
     """exact.fixed_product of a one-integer form for few rows: each row of x (M, K; fp32 or
     fp64) quantized as exact.quantize_l1 (l1) or quantize_rows against ``right`` bits, its
     integer sums with every weight row's integers, scaled by 2**(ex + ew) (ew = peak - bits)
@@ -219,7 +211,7 @@ def step(x, right, l1, raw, peak, bits, out):
     xs = np.empty(k_len // RUN if one and RUN else 0, dtype=np.int64)  # noqa: F821
     lim = integer_form(xq[0], RUN, xi, xs) if one else -1.0  # noqa: F821
     n_rows = raw.shape[0]
-    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in range(first, stop):
         scratch = new_scratch(k_len)  # noqa: F821
         buf = np.empty(k_len if m_rows > 1 else 0)
         for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
@@ -234,10 +226,10 @@ def step(x, right, l1, raw, peak, bits, out):
                     out[m, n] = int_dot(xq[m], buf) * (back[m] * col)
 
 
-def products(x, raw, peak, bits, out):  # out (M, N): integer sums of x (M, K) with each row
-    m_rows, k_len = x.shape
+def products(x, raw, peak, bits, out, first, stop):  # out (M, N): integer sums of x (M, K)
+    m_rows, k_len = x.shape  # with each weight row
     n_rows = raw.shape[0]
-    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in range(first, stop):
         scratch = new_scratch(k_len)  # noqa: F821
         buf = np.empty(k_len)
         for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
@@ -246,9 +238,7 @@ def products(x, raw, peak, bits, out):  # out (M, N): integer sums of x (M, K) w
                 out[m, n] = int_dot(x[m], buf)
 
 
-_KERNELS = {"peaks": peaks, "tile": tile, "step": step, "products": products}
-_SERIAL_TOO = ("step", "products")  # a step of a small model is below the threads' wake-up
-_SERIAL_ONLY = ("peaks",)
+_KERNELS = {"tile": tile, "step": step, "products": products}
 
 
 def _row_functions(kind: str) -> dict:
@@ -282,21 +272,10 @@ def _row_functions(kind: str) -> dict:
 
 
 def compile_kind(kind: str) -> dict:
-    """{kernel name: (serial, parallel)} for weights held as ``kind``, compiled on first call
-    (or loaded from numba's disk cache)."""
+    """{kernel name: kernel} for weights held as ``kind``, compiled on first call (or loaded
+    from numba's disk cache)."""
     rows = _row_functions(kind)
-    out = {}
-    for name, template in _KERNELS.items():
-        if name in _SERIAL_ONLY:
-            serial = njit(**exact_flags)(specialise(template, kind, **rows))
-            out[name] = (serial, serial)
-            continue
-        parallel = njit(parallel=True, **exact_flags)(specialise(template, kind, **rows))
-        serial = parallel
-        if name in _SERIAL_TOO:
-            fn = specialise(template, kind, prange=range, **rows)
-            fn.__name__ += "_serial"
-            fn.__qualname__ += "_serial"
-            serial = njit(**exact_flags)(fn)
-        out[name] = (serial, parallel)
-    return out
+    return {
+        name: njit(**exact_flags)(specialise(template, kind, **rows))
+        for name, template in _KERNELS.items()
+    }

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from seqkv_cli.runtime import native
 from seqkv_cli.runtime.native import ENV, enabled, reference, twin  # noqa: F401 (the switch)
 from seqkv_cli.runtime.portable import elementary, exact
 
@@ -40,6 +41,7 @@ from seqkv_cli.runtime.portable import elementary, exact
 # native kernel (each weight row's integers made once, then every row's sum) rather than
 # through fp64 BLAS tiles: a step, guessed tokens, trie rows in lockstep (docs/BENCHMARKS.md).
 MAX_KERNEL_ROWS = 32
+ROWS_PER_TASK = 16  # weight rows one task of a product kernel takes (with buffers of its own)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -52,8 +54,9 @@ _tiles_only = False
 
 @contextlib.contextmanager
 def tiles_only():
-    """Within it, products of few rows run as a prefill's tiles too (the same bits): a
-    probe of a few tokens then compiles no step kernel that nothing else may need."""
+    """Within it, products and attention of few rows run as a prefill's do (tiles, the
+    fused softmax between two products: the same bits): a probe of a few tokens then
+    compiles no step kernel that a capture would not need."""
     global _tiles_only
     saved, _tiles_only = _tiles_only, True
     try:
@@ -78,30 +81,51 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else exact.f64(x)
 
 
-_numba = native.numba
-
-
-# Work (multiply-adds or elements) from which a kernel runs on all threads: below it, waking
-# a sleeping thread pool (OMP_WAIT_POLICY=PASSIVE, which the CLI sets) costs more than it saves.
+# Work (multiply-adds or elements) from which a kernel runs on all threads: below it, handing
+# a task to a sleeping thread costs more than it saves.
 PARALLEL_WORK = 1 << 18
-_threads_set = 0
+_pool: ThreadPoolExecutor | None = None
 
 
-def _variant(name: str, work: int):
-    """The serial or the parallel build of kernel `name`, by the work one call does."""
-    return _by_work(*_compiled()[name], work)
+def _workers(n: int) -> ThreadPoolExecutor:
+    """A pool of ``n`` threads besides the caller's (made again when the count changes)."""
+    global _pool
+    if _pool is None or _pool._max_workers != n:
+        if _pool is not None:
+            _pool.shutdown(wait=False)
+        _pool = ThreadPoolExecutor(n, thread_name_prefix="seqkv-kernel")
+    return _pool
 
 
-def _by_work(serial, parallel, work: int):
-    """``parallel`` (numba's pool sized to torch's threads) where the work pays for waking it."""
-    global _threads_set
-    n = min(torch.get_num_threads(), _numba().config.NUMBA_NUM_THREADS)
+def _forget_pool() -> None:  # a forked child has the pool object but none of its threads
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _run(kernel, tasks: int, work: int, *args) -> None:
+    """``kernel(*args, first, stop)`` over its ``tasks`` independent tasks: in one call, or,
+    where the work pays for it, in torch's number of threads, one contiguous range of tasks
+    each (the kernels release the GIL). Each task writes its own outputs, so the bits do not
+    depend on the split."""
+    n = min(torch.get_num_threads(), tasks)
     if n <= 1 or work < PARALLEL_WORK:
-        return serial
-    if n != _threads_set:
-        _numba().set_num_threads(n)
-        _threads_set = n
-    return parallel
+        kernel(*args, 0, tasks)
+        return
+    bounds = [tasks * i // n for i in range(n + 1)]
+    pool = _workers(n - 1)
+    rest = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(1, n)]
+    try:
+        kernel(*args, bounds[0], bounds[1])
+    finally:
+        for done in rest:
+            done.result()
+
+
+def _weight_tasks(rows: int) -> int:
+    return -(-rows // ROWS_PER_TASK)
 
 
 @functools.cache
@@ -122,9 +146,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
-def _stored(kind: str, name: str, work: int):
-    """The serial or parallel build of kernel ``name`` for weights held as ``kind``."""
-    return _by_work(*_compiled_kind(kind)[name], work)
+def _stored(kind: str, name: str):
+    """Kernel ``name`` for weights held as ``kind``."""
+    return _compiled_kind(kind)[name]
 
 
 @functools.cache
@@ -135,19 +159,22 @@ def _compiled_kind(kind: str) -> dict:
 
 
 def stored_peaks(stored) -> np.ndarray:
-    """Each row's clamped peak exponent (`exact.quantize_rows`) of a `StoredTensor`, int64 (N,)."""
-    out = np.empty(stored.shape[0], dtype=np.int64)
-    _stored(stored.kind.name, "peaks", stored.shape[0] * stored.shape[1])(
-        stored.raw, stored.shape[1], out
-    )
-    return out
+    """Each row's clamped peak exponent (`exact.quantize_rows`) of a `StoredTensor`, int64
+    (N,): its fp32 rows a bounded chunk at a time (the decoder the fingerprint runs), their
+    peaks taken as the reference takes them (a row holding a NaN has a NaN peak)."""
+    exponents = []
+    for rows in stored.fp32_chunks():
+        _, e = torch.frexp(rows.abs().amax(dim=-1).to(torch.float64))
+        exponents.append(e.to(torch.int64).clamp(-450, 450))
+    return torch.cat(exponents).numpy() if exponents else np.empty(0, dtype=np.int64)
 
 
 def stored_tile(stored, start: int, stop: int, peaks: np.ndarray, bits: int) -> torch.Tensor:
     """The definition's integers (`exact.quantize_rows` at ``bits``) of rows start..stop of a
     `StoredTensor`, fp64 (stop - start, K): what a BLAS product multiplies."""
     out = np.empty((stop - start, stored.shape[1]))
-    _stored(stored.kind.name, "tile", out.size)(stored.raw, start, peaks, bits, out)
+    tile = _stored(stored.kind.name, "tile")
+    _run(tile, _weight_tasks(stop - start), out.size, stored.raw, start, peaks, bits, out)
     return torch.from_numpy(out)
 
 
@@ -160,7 +187,8 @@ def stored_step(
     xs = _np(x)
     out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
     work = out.size * xs.shape[1]
-    _stored(stored.kind.name, "step", work)(xs, right, l1, stored.raw, peaks, bits, out)
+    step = _stored(stored.kind.name, "step")
+    _run(step, _weight_tasks(out.shape[1]), work, xs, right, l1, stored.raw, peaks, bits, out)
     return torch.from_numpy(out)
 
 
@@ -169,7 +197,9 @@ def stored_products(x: torch.Tensor, stored, peaks: np.ndarray, bits: int) -> to
     at ``bits``: the exact integer sums, fp64 (M, N)."""
     xs = _np(x)
     out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
-    _stored(stored.kind.name, "products", out.size * xs.shape[1])(xs, stored.raw, peaks, bits, out)
+    products = _stored(stored.kind.name, "products")
+    work = out.size * xs.shape[1]
+    _run(products, _weight_tasks(out.shape[1]), work, xs, stored.raw, peaks, bits, out)
     return torch.from_numpy(out)
 
 
@@ -178,7 +208,7 @@ def exp(a: torch.Tensor, constants: tuple) -> torch.Tensor:
     (Horner coefficients highest first, log2 e, ln 2 in two parts, the clamp range)."""
     flat = _np(a).reshape(-1)
     out = np.empty_like(flat)
-    _variant("exp", flat.size * 8)(flat, out, *constants)
+    _run(_compiled()["exp"], flat.size, flat.size * 8, flat, out, *constants)
     return torch.from_numpy(out).view(a.shape)
 
 
@@ -194,7 +224,7 @@ def quantize_rows(
     and the kernel's arithmetic is fp64): fp64 integers."""
     rows = _rows(a)
     xq, ex = np.empty(rows.shape), np.empty(rows.shape[0], dtype=np.int64)
-    _variant("quantize", rows.size)(rows, bits, l1, xq, ex)
+    _run(_compiled()["quantize"], rows.shape[0], rows.size, rows, bits, l1, xq, ex)
     return torch.from_numpy(xq).view(a.shape), torch.from_numpy(ex).view(*a.shape[:-1], 1)
 
 
@@ -204,7 +234,7 @@ def split_stacked(a: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     heads, rows, k = a.shape
     out = np.empty((heads, 2 * rows, k))
     ex = np.empty((heads, rows), dtype=np.int64)
-    _variant("split", a.numel())(_np(a), bits, out, ex)
+    _run(_compiled()["split"], heads * rows, a.numel(), _np(a), bits, out, ex)
     return torch.from_numpy(out), torch.from_numpy(ex).view(heads, rows, 1)
 
 
@@ -221,9 +251,8 @@ def combine(s: torch.Tensor, erow: torch.Tensor, ecol: torch.Tensor, bits: int) 
     s (H, 2R, N) (`split_stacked` order), erow (H, R, 1) and ecol (N, 1): fp64 (H, R, N)."""
     heads, two_rows, n = s.shape
     out = np.empty((heads, two_rows // 2, n))
-    _variant("combine", out.size)(
-        _np(s), _np(erow).reshape(heads, -1), _np(ecol).reshape(-1), bits, out
-    )
+    erow, ecol = _np(erow).reshape(heads, -1), _np(ecol).reshape(-1)
+    _run(_compiled()["combine"], heads * (two_rows // 2), out.size, _np(s), erow, ecol, bits, out)
     return torch.from_numpy(out)
 
 
@@ -234,7 +263,8 @@ def scale_product(s: torch.Tensor, erow: torch.Tensor, ecol: torch.Tensor) -> to
     if not s.is_contiguous():
         s = s.contiguous()
     out = _np(s)
-    _variant("scale_product", out.size)(out, _np(erow).reshape(-1), _np(ecol).reshape(-1), out)
+    erow, ecol = _np(erow).reshape(-1), _np(ecol).reshape(-1)
+    _run(_compiled()["scale_product"], out.shape[0], out.size, out, erow, ecol, out)
     return s
 
 
@@ -265,7 +295,10 @@ def softmax_weights(
     ew = np.empty((heads, rows), dtype=np.int64)
     total = np.empty((heads, rows))
     spec = (*map(float, bits), -1.0 if window is None else float(window), float(form), scaling)
-    _variant("softmax_weights", heads * rows * n * 40)(
+    _run(
+        _compiled()["softmax_weights"],
+        heads * rows,
+        heads * rows * n * 40,
         _np(s),
         _np(ex).reshape(heads, rows),
         _np(ek).reshape(heads, n),
@@ -306,7 +339,10 @@ def attend_rows(
         scaling,
     )
     cap = state.capacity
-    _variant("attend_rows", heads * rows * n * hd * 4)(
+    _run(
+        _compiled()["attend_rows"],
+        heads * rows,
+        heads * rows * n * hd * 4,
         _np(q),
         _np(state.kq[layer]),
         _np(state.ek[layer]).reshape(heads, cap),

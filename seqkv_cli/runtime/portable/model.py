@@ -159,8 +159,9 @@ class PortableLM(ShapeAttributes):
         decoder = fused.FusedDecoder(self.model, self.weights, self.form, inv_freq)
         # What can differ is the order of operations (the canary checks the products'
         # kernels), so a short prefill and a chunk after it: the reference runs every op in
-        # Python, which makes this the longest part of a load. Its products run as tiles
-        # (the same bits as a step's kernels): a capture compiles no step kernel.
+        # Python, which makes this the longest part of a load. Its products and attention run
+        # as a prefill's (the same bits as a step's kernels): a capture compiles no step
+        # kernel.
         first = 3
         n = 5
         ids = torch.arange(n) % self.vocab_size
