@@ -282,3 +282,6 @@ def test_a_failure_in_one_threads_range_is_raised(monkeypatch):
     with pytest.raises(ValueError, match="boom"):
         kernels._run(kernel, 10, kernels.PARALLEL_WORK)
     assert sorted(ranges) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    pool = kernels._workers(3)  # sized by torch's threads: a call of fewer tasks keeps it
+    kernels._run(lambda first, stop: ranges.append((first, stop)), 2, kernels.PARALLEL_WORK)
+    assert kernels._workers(3) is pool and ranges[-2:] in ([(0, 1), (1, 2)], [(1, 2), (0, 1)])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -84,22 +85,24 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
 # Work (multiply-adds or elements) from which a kernel runs on all threads: below it, handing
 # a task to a sleeping thread costs more than it saves.
 PARALLEL_WORK = 1 << 18
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (its threads, the pool)
+_pool_lock = threading.Lock()
 
 
 def _workers(n: int) -> ThreadPoolExecutor:
-    """A pool of ``n`` threads besides the caller's (made again when the count changes)."""
+    """A pool of ``n`` threads besides the caller's, made again when torch's thread count
+    changes. An old pool is not shut down (a caller on another thread may still be handing
+    it work): its threads end once no one holds it."""
     global _pool
-    if _pool is None or _pool._max_workers != n:
-        if _pool is not None:
-            _pool.shutdown(wait=False)
-        _pool = ThreadPoolExecutor(n, thread_name_prefix="seqkv-kernel")
-    return _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != n:
+            _pool = (n, ThreadPoolExecutor(n, thread_name_prefix="seqkv-kernel"))
+        return _pool[1]
 
 
 def _forget_pool() -> None:  # a forked child has the pool object but none of its threads
-    global _pool
-    _pool = None
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -110,12 +113,13 @@ def _run(kernel, tasks: int, work: int, *args) -> None:
     where the work pays for it, in torch's number of threads, one contiguous range of tasks
     each (the kernels release the GIL). Each task writes its own outputs, so the bits do not
     depend on the split."""
-    n = min(torch.get_num_threads(), tasks)
+    threads = torch.get_num_threads()
+    n = min(threads, tasks)
     if n <= 1 or work < PARALLEL_WORK:
         kernel(*args, 0, tasks)
         return
     bounds = [tasks * i // n for i in range(n + 1)]
-    pool = _workers(n - 1)
+    pool = _workers(threads - 1)  # sized by torch's count, not by this call's tasks
     rest = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(1, n)]
     try:
         kernel(*args, bounds[0], bounds[1])
