@@ -43,8 +43,8 @@ from seqkv_cli.runtime.portable.jitted import (
     quantize_row,
     sum_flags,
 )
-from seqkv_cli.runtime.portable.kernels import ROWS_PER_TASK
 
+ROWS_PER_TASK = 16  # weight rows one task of a product kernel takes (its own buffers)
 F16_TO_F32 = 2.0**112  # an fp16's bits moved into an fp32's fields, times this: its value
 INT32_PEAK = 2.0**31 - 1  # activations the run sums take as int32
 QUANT_PEAK = 128  # |q| of every block kind's quants (8 bits at most)

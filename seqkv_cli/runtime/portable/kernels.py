@@ -42,7 +42,6 @@ from seqkv_cli.runtime.portable import elementary, exact
 # native kernel (each weight row's integers made once, then every row's sum) rather than
 # through fp64 BLAS tiles: a step, guessed tokens, trie rows in lockstep (docs/BENCHMARKS.md).
 MAX_KERNEL_ROWS = 32
-ROWS_PER_TASK = 16  # weight rows one task of a product kernel takes (with buffers of its own)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -129,7 +128,10 @@ def _run(kernel, tasks: int, work: int, *args) -> None:
 
 
 def _weight_tasks(rows: int) -> int:
-    return -(-rows // ROWS_PER_TASK)
+    """The tasks of a product kernel over ``rows`` weight rows (`jitted_weights`' unit)."""
+    from seqkv_cli.runtime.portable import jitted_weights
+
+    return -(-rows // jitted_weights.ROWS_PER_TASK)
 
 
 @functools.cache
