@@ -63,6 +63,16 @@ def int_dot(x, w):  # integer-valued terms below 2**53: exact in any order
 
 
 @njit(inline="always", **exact_flags)
+def whole(c1, c0):  # a run whose scale and offset are whole numbers of the row's units
+    return c1 == np.rint(c1) and c0 == np.rint(c0)
+
+
+@njit(inline="always", **exact_flags)
+def rounded(a, q, b, down):  # one block value's integer, rounded as the reference rounds it
+    return np.rint(r32(a * q + b) * down)
+
+
+@njit(inline="always", **exact_flags)
 def integer_form(x, run, xi, xs):
     """A step's integer activations x as int32 (xi) and their sums over each run of ``run``
     (xs), and the bound ``lim`` a run's integer scale and offset must keep: then
@@ -94,13 +104,13 @@ def dot_runs(raw, down, x, xi, xs, lim, q):  # template (SUB, params, quants, ru
         a, b = params(raw, s)  # noqa: F821
         c1, c0 = a * down, b * down
         o = s * SUB  # noqa: F821
-        if abs(c1) <= lim and abs(c0) <= lim and c1 == np.rint(c1) and c0 == np.rint(c0):
+        if abs(c1) <= lim and abs(c0) <= lim and whole(c1, c0):
             p = run_dot(raw, s, xi, o, xs[s], q)  # noqa: F821
             acc += np.int64(c1) * p + np.int64(c0) * xs[s]
         else:
             quants(raw, s, q)  # noqa: F821
             for j in range(SUB):  # noqa: F821
-                rest += x[o + j] * np.rint(r32(a * q[j] + b) * down)
+                rest += x[o + j] * rounded(a, q[j], b, down)
     if rest != rest or abs(rest) == np.inf:  # x or a scale not finite: as the reference's sum
         return rest
     return np.float64(acc + np.int64(rest))  # the row's integer sum, below 2**53: exact
@@ -120,12 +130,12 @@ def ints_blocks(raw, down, out, q):  # template (SUB, params, unpack bound per k
         a, b = params(raw, s)  # noqa: F821
         c1, c0 = a * down, b * down
         o = s * SUB  # noqa: F821
-        if c1 == np.rint(c1) and c0 == np.rint(c0):
+        if whole(c1, c0):
             for j in range(SUB):  # noqa: F821
                 out[o + j] = c1 * out[o + j] + c0
         else:
             for j in range(SUB):  # noqa: F821
-                out[o + j] = np.rint(r32(a * out[o + j] + b) * down)
+                out[o + j] = rounded(a, out[o + j], b, down)
 
 
 def unpack_runs(raw, q):  # template (SUB, quants): a row's quants a run at a time

@@ -129,9 +129,15 @@ def _run(kernel, tasks: int, work: int, *args) -> None:
 
 def _weight_tasks(rows: int) -> int:
     """The tasks of a product kernel over ``rows`` weight rows (`jitted_weights`' unit)."""
+    return -(-rows // _jitted_weights().ROWS_PER_TASK)
+
+
+@functools.cache
+def _jitted_weights():
+    """`jitted_weights`, imported on first use (it imports numba), then held."""
     from seqkv_cli.runtime.portable import jitted_weights
 
-    return -(-rows // jitted_weights.ROWS_PER_TASK)
+    return jitted_weights
 
 
 @functools.cache
@@ -159,9 +165,7 @@ def _stored(kind: str, name: str):
 
 @functools.cache
 def _compiled_kind(kind: str) -> dict:
-    from seqkv_cli.runtime.portable import jitted_weights
-
-    return jitted_weights.compile_kind(kind)
+    return _jitted_weights().compile_kind(kind)
 
 
 def stored_peaks(stored) -> np.ndarray:
