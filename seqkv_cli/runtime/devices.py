@@ -104,6 +104,7 @@ def model_device(model) -> torch.device:
     return _CPU
 
 
+@torch.inference_mode(False)  # the moved parameters stay ordinary tensors (store.fp32_model)
 def place(model):
     """`model` moved to the selected device (in place, as torch does); returned for chaining.
     Meta tensors stay where they are: what they stand for moves when it is used."""

@@ -117,6 +117,22 @@ def test_a_bf16_folder_is_held_at_two_bytes_and_reads_as_its_fp32_load(bf16_fold
     assert not store.emptied and store.nbytes == 4 * store.elements  # held once, now fp32
 
 
+def test_weights_made_in_inference_mode_stay_ordinary_tensors(bf16_folder):
+    """seqkv's own paths (a capture) make the fp32 model inside inference_mode; the user's
+    model must still run with autograd on afterwards, and take in-place edits."""
+    from seqkv_cli.runtime.loading import load_model
+
+    lm = load_model(str(bf16_folder))
+    with torch.inference_mode():
+        model = lm.fp32_model()
+    assert not any(p.is_inference() for p in model.parameters())
+    embeds = model.get_input_embeddings()(torch.tensor([[3, 4, 5, 6]])).requires_grad_()
+    logits = model(inputs_embeds=embeds).logits  # tracked: an inference weight raises here
+    assert logits.shape == (1, 4, lm.vocab_size) and logits.requires_grad
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)
+
+
 def test_the_portable_forward_of_a_stored_model_is_the_fp32_models(bf16_folder):
     from transformers import AutoModelForCausalLM
 

@@ -231,6 +231,9 @@ class WeightStore:
 
     # -- fp32 for the ordinary paths ---------------------------------------------------------
 
+    # Parameters made inside a caller's inference_mode would be inference tensors for good:
+    # the user's own forward with autograd on (or an in-place edit) would then fail.
+    @torch.inference_mode(False)
     def fp32_model(self, model, device=None):
         """Put fp32 parameters back into ``model`` (on ``device``, default the CPU; each entry
         then a view of its parameter, the stored bytes released): the ordinary transformers
