@@ -9,6 +9,7 @@ transformers caches them; string metadata under ``__metadata__``.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,9 +91,28 @@ def write_capture(capture: Capture, path: Path, target: Path) -> None:
     meta.update(format=CAPTURE_FORMAT, format_version=str(CAPTURE_VERSION))  # never the caller's
     try:
         save_file(tensors, path, metadata=meta)
+        _sort_metadata(path)
     except (OSError, SafetensorError) as exc:  # disk full, read-only: one line
         why = getattr(exc, "strerror", None) or exc
         raise SeqkvError(f"cannot write {target}: {why}") from None
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite the header of the safetensors file just written at ``path`` with its metadata
+    keys sorted, in place: safetensors writes them in a hash map's order, which changes from
+    process to process, so the same capture would otherwise differ in bytes run to run (a
+    restore could not be compared by checksum). Same length (padded with the spaces
+    safetensors pads with); the tensors and their offsets are untouched."""
+    with open(path, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        if "__metadata__" in header:
+            header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > length:  # not for JSON safetensors wrote; never move the tensors
+            return
+        f.seek(8)
+        f.write(text.ljust(length, b" "))
 
 
 _JSON_META = {"num_layers", "num_kv_heads", "head_dim", "positions", "versions", "truncated"}

@@ -128,3 +128,27 @@ def test_load_capture_rejects_other_files(tmp_path, tiny_lm):
     save_file(tensors, newer, metadata=meta)
     with pytest.raises(SeqkvError, match="newer seqkv"):
         load_capture(newer)
+
+
+def test_the_same_capture_is_the_same_bytes(tmp_path, tiny_lm):
+    """safetensors writes its metadata in a hash map's order, new for every map: the writer
+    sorts it, so one capture written again (a restore, a second run) is the same file."""
+    import json
+    import struct
+
+    [res] = capture([str(SAMPLE_DATA / "prose.txt")], model=tiny_lm, max_tokens=12)
+    res.capture.meta.update({f"key_{c}": c * 3 for c in "qwertyuiop"}, session_id='é"\n<x>')
+    files = [tmp_path / f"c{i}.safetensors" for i in range(4)]
+    for path in files:
+        save_capture(res.capture, path)
+    first = files[0].read_bytes()
+    assert all(path.read_bytes() == first for path in files[1:])
+    (length,) = struct.unpack("<Q", first[:8])
+    assert length % 8 == 0 and first[8 + length - 1 :][:1] in (b" ", b"}")
+    meta = json.loads(first[8 : 8 + length])["__metadata__"]
+    assert list(meta) == sorted(meta)
+    back = load_capture(files[-1])
+    assert torch.equal(back.tokens, res.capture.tokens)
+    assert back.meta["session_id"] == 'é"\n<x>' and back.meta["key_q"] == "qqq"
+    for a, b in zip(back.keys + back.values, res.capture.keys + res.capture.values, strict=True):
+        assert torch.equal(a, b)
