@@ -4,4 +4,5 @@
 # cores). Extra arguments go to pytest, e.g. bench/slow_tests.sh tests/archive -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/pytest -m slow "$@"
+# -n 0: one process, one test at a time: the real-shape tests each need much of the memory
+exec .venv/bin/pytest -m slow -n 0 "$@"

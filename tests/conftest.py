@@ -9,6 +9,14 @@ import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist gives its workers COLUMNS=80 and LINES=24: the CLI's consoles would take
+    # them for a terminal's size and cut the tables the tests read, where a plain run's
+    # captured output is a pipe (commands/_common.py). A worker runs as the plain run does.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+MAX_WORKERS = 4  # each worker holds its own models and runs torch on every core
 
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
 
@@ -16,6 +24,13 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
 )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml addopts): one worker a usable core, at most MAX_WORKERS."""
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return max(1, min(len(usable) if usable else os.cpu_count() or 1, MAX_WORKERS))
 
 
 def build_tiny_model(
