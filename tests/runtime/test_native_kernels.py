@@ -58,6 +58,20 @@ def _stored_f32(w: torch.Tensor):
     return StoredTensor.of_tensor(w.float())
 
 
+def test_row_peaks_are_the_references_in_every_chunk(monkeypatch):
+    """A weight's row peaks, taken a chunk of rows at a time, are quantize_rows' exponents:
+    rows of NaN, ±0, ±inf, subnormals and every binade, across chunk boundaries."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(301, 70, generator=g) * torch.logspace(-40, 38, 301)[:, None]
+    w[0], w[1, 5], w[2], w[3] = math.nan, math.nan, -0.0, 0.0
+    w[4, 3], w[5], w[6, 9], w[7] = -math.inf, -7.0, math.inf, 1e-44
+    w[8, 1:] = -(2.0**100)  # the largest magnitude is the most negative value
+    _, want = exact.quantize_rows(w, 0)
+    for chunk in (70, 7 * 70, 10**6):  # a row, a few rows, the whole weight at a time
+        monkeypatch.setattr(kernels, "PEAK_CHUNK", chunk)
+        assert kernels.stored_peaks(_stored_f32(w)).tolist() == want[:, 0].tolist()
+
+
 def test_products_are_exact_at_the_two_to_the_53_bound():
     """K terms of ±2**b · ±2**b with K · 2**(2b) = 2**53: every partial sum must stay exact."""
     k = 2048

@@ -69,9 +69,9 @@ class StoredTensor:
             return torch.from_numpy(to_fp32(self.kind.name, self.raw, index))
         return torch.from_numpy(np.ascontiguousarray(reference_fp32(self.kind, self.raw[index])))
 
-    def fp32_chunks(self) -> Iterator[torch.Tensor]:
-        """The fp32 rows in order, a bounded number of elements at a time."""
-        step = max(1, ROW_CHUNK // max(1, self.shape[1]))
+    def fp32_chunks(self, elements: int = ROW_CHUNK) -> Iterator[torch.Tensor]:
+        """The fp32 rows in order, about ``elements`` at a time (at least one row)."""
+        step = max(1, elements // max(1, self.shape[1]))
         for start in range(0, self.shape[0], step):
             yield self.fp32_rows(np.arange(start, min(start + step, self.shape[0])))
 

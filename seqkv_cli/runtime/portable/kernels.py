@@ -81,6 +81,10 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else exact.f64(x)
 
 
+# Elements of a weight decoded at a time for its row peaks: they are taken once, during a
+# step, so the chunk is small beside what a step holds (the store's hashing chunk is larger).
+PEAK_CHUNK = 1 << 20
+
 # Work (multiply-adds or elements) from which a kernel runs on all threads: below it, handing
 # a task to a sleeping thread costs more than it saves.
 PARALLEL_WORK = 1 << 18
@@ -173,8 +177,9 @@ def stored_peaks(stored) -> np.ndarray:
     (N,): its fp32 rows a bounded chunk at a time (the decoder the fingerprint runs), their
     peaks taken as the reference takes them (a row holding a NaN has a NaN peak)."""
     exponents = []
-    for rows in stored.fp32_chunks():
-        _, e = torch.frexp(rows.abs().amax(dim=-1).to(torch.float64))
+    for rows in stored.fp32_chunks(PEAK_CHUNK):
+        low, high = torch.aminmax(rows, dim=-1)  # max |x| without a copy of |x|; NaN stays
+        _, e = torch.frexp(torch.maximum(high, -low).to(torch.float64))
         exponents.append(e.to(torch.int64).clamp(-450, 450))
     return torch.cat(exponents).numpy() if exponents else np.empty(0, dtype=np.int64)
 
