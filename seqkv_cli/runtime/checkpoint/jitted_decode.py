@@ -1,25 +1,28 @@
-"""Native decoders of the stored kinds: one row of blocks (or floats) into its fp32 values.
+"""Native decoders of the stored kinds: rows of blocks (or floats) into their fp32 values,
+and the one description of each block kind that the products' kernels read too.
 
 Imported on first use only (numba compiles, or loads from its disk cache). Each decoder
 writes the values of `formats.reference_fp32` — gguf-py's fp32 arithmetic, step for step: a
-product of a block scale and a quant is exact in fp32 (at most 24 significant bits), so it is
+product of a block scale and a quant is exact in fp32 (at most 23 significant bits), so it is
 computed in fp64 here; where gguf-py adds two such products, the fp64 sum rounded to fp32 is
 the fp32 sum (fp64 carries more than twice fp32's bits plus two, so rounding twice is
 rounding once). No fast-math: every operation is its own correctly rounded one.
 
-`specialise` makes one compiled kernel per kind from a template that calls ``decode_row``:
-the kernels stay module-level functions with names of their own, which numba's disk cache
-needs (docs/NUMERICS.md, "Weights at their stored width").
+`specialise` makes one compiled kernel per kind from a template: the kernels stay
+module-level functions with names of their own, which numba's disk cache needs
+(docs/NUMERICS.md, "Weights at their stored width").
 """
 
 from __future__ import annotations
 
 import math
 import types
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
+from seqkv_cli.runtime import lanes
 from seqkv_cli.runtime.checkpoint.formats import KINDS
 
 flags = {"cache": True, "nogil": True}
@@ -35,25 +38,7 @@ def pow2(e):
     return _powers[e + _POW_BIAS]
 
 
-@njit(**inline)
-def half(lo, hi):
-    """The fp16 number with bytes lo, hi (little-endian), exactly, as fp64."""
-    bits = np.int64(lo) | (np.int64(hi) << 8)
-    e = (bits >> 10) & 31
-    m = bits & 1023
-    if e == 0:
-        v = m * pow2(-24)
-    elif e == 31:
-        v = math.inf if m == 0 else math.nan
-    else:
-        v = (m + 1024) * pow2(e - 25)
-    return -v if bits & 0x8000 else v
-
-
-@njit(**inline)
-def r32(x):
-    """x rounded to fp32 (and widened back: exact)."""
-    return np.float64(np.float32(x))
+half = lanes.half  # an fp16 from its two bytes, exactly
 
 
 @njit(**inline)
@@ -74,7 +59,7 @@ def decode_f32(raw, out):
 def decode_f16(raw, out):
     for k in range(out.shape[0]):
         b = np.int64(raw[k])
-        out[k] = half(b & 255, b >> 8)
+        out[k] = half(np.uint8(b & 255), np.uint8(b >> 8))
 
 
 @njit(**inline)
@@ -92,486 +77,247 @@ def decode_bf16(raw, out):
         out[k] = -v if bits & 0x8000 else v
 
 
-@njit(**inline)
-def decode_q8_0(raw, out):
-    for b in range(out.shape[0] // 32):
-        o = b * 34
-        d = half(raw[o], raw[o + 1])
-        for j in range(32):
-            out[b * 32 + j] = d * signed8(raw[o + 2 + j])
+# --- block kinds: one table entry a kind -----------------------------------------------------
+#
+# A block of BLOCK elements is BLOCK // RUN runs that share a scale a and (AFFINE kinds) an
+# offset b: an element's value is a·q for its quant q (exact in fp32: at most 23 significant
+# bits), or fp32(a·q + b), one correctly rounded fp32 operation, as gguf-py computes it. A kind
+# is two functions: `scales_<kind>(row, blk, down, c1, c0)` writes each run's a·down and b·down
+# (`down` a power of two: the products' row scaling, 1 for the values themselves), and
+# `lanes_<kind>(row, blk, r, j)` gives the quants of elements j..j+3 of run r as fp64 lanes
+# (`runtime.lanes`). Every consumer — these decoders, and the products' integers
+# (`runtime.portable.jitted_weights`) — runs the one block loop over them.
 
 
 @njit(**inline)
-def decode_q4_0(raw, out):
-    for b in range(out.shape[0] // 32):
-        o = b * 18
-        d = half(raw[o], raw[o + 1])
-        for j in range(16):
-            q = np.int64(raw[o + 2 + j])
-            out[b * 32 + j] = d * ((q & 15) - 8)
-            out[b * 32 + 16 + j] = d * ((q >> 4) - 8)
+def scales_q8_0(row, blk, down, c1, c0):
+    c1[0] = half(row[blk * 34], row[blk * 34 + 1]) * down
 
 
 @njit(**inline)
-def decode_q4_1(raw, out):
-    for b in range(out.shape[0] // 32):
-        o = b * 20
-        d = half(raw[o], raw[o + 1])
-        m = half(raw[o + 2], raw[o + 3])
-        for j in range(16):
-            q = np.int64(raw[o + 4 + j])
-            out[b * 32 + j] = r32(d * (q & 15) + m)
-            out[b * 32 + 16 + j] = r32(d * (q >> 4) + m)
+def lanes_q8_0(row, blk, r, j):
+    return lanes.signed_bytes(row, blk * 34 + 2 + j)
 
 
 @njit(**inline)
-def _qh32(raw, o):
-    return (
-        np.int64(raw[o])
-        | (np.int64(raw[o + 1]) << 8)
-        | (np.int64(raw[o + 2]) << 16)
-        | (np.int64(raw[o + 3]) << 24)
+def scales_q4_0(row, blk, down, c1, c0):  # runs: the low nibbles, then the high ones
+    c1[0] = c1[1] = half(row[blk * 18], row[blk * 18 + 1]) * down
+
+
+@njit(**inline)
+def lanes_q4_0(row, blk, r, j):
+    return lanes.bytes_field(row, blk * 18 + 2 + j, 4 * r, 15) - lanes.splat(8.0)
+
+
+@njit(**inline)
+def scales_q4_1(row, blk, down, c1, c0):
+    o = blk * 20
+    c1[0] = c1[1] = half(row[o], row[o + 1]) * down
+    c0[0] = c0[1] = half(row[o + 2], row[o + 3]) * down
+
+
+@njit(**inline)
+def lanes_q4_1(row, blk, r, j):
+    return lanes.bytes_field(row, blk * 20 + 4 + j, 4 * r, 15)
+
+
+@njit(**inline)
+def scales_q5_0(row, blk, down, c1, c0):
+    c1[0] = c1[1] = half(row[blk * 22], row[blk * 22 + 1]) * down
+
+
+@njit(**inline)
+def lanes_q5_0(row, blk, r, j):  # a nibble, and bit 16·r + j of the 32-bit word as its fifth
+    o = blk * 22
+    q = lanes.bytes_field(row, o + 6 + j, 4 * r, 15)
+    return lanes.fma(lanes.word_bits(row, o + 2, 16 * r + j), lanes.splat(16.0), q) - lanes.splat(
+        16.0
     )
 
 
 @njit(**inline)
-def decode_q5_0(raw, out):
-    for b in range(out.shape[0] // 32):
-        o = b * 22
-        d = half(raw[o], raw[o + 1])
-        qh = _qh32(raw, o + 2)
-        for j in range(16):
-            q = np.int64(raw[o + 6 + j])
-            lo = (q & 15) | (((qh >> j) & 1) << 4)
-            hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            out[b * 32 + j] = d * (lo - 16)
-            out[b * 32 + 16 + j] = d * (hi - 16)
+def scales_q5_1(row, blk, down, c1, c0):
+    o = blk * 24
+    c1[0] = c1[1] = half(row[o], row[o + 1]) * down
+    c0[0] = c0[1] = half(row[o + 2], row[o + 3]) * down
 
 
 @njit(**inline)
-def decode_q5_1(raw, out):
-    for b in range(out.shape[0] // 32):
-        o = b * 24
-        d = half(raw[o], raw[o + 1])
-        m = half(raw[o + 2], raw[o + 3])
-        qh = _qh32(raw, o + 4)
-        for j in range(16):
-            q = np.int64(raw[o + 8 + j])
-            lo = (q & 15) | (((qh >> j) & 1) << 4)
-            hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            out[b * 32 + j] = r32(d * lo + m)
-            out[b * 32 + 16 + j] = r32(d * hi + m)
+def lanes_q5_1(row, blk, r, j):
+    o = blk * 24
+    q = lanes.bytes_field(row, o + 8 + j, 4 * r, 15)
+    return lanes.fma(lanes.word_bits(row, o + 4, 16 * r + j), lanes.splat(16.0), q)
 
 
 @njit(**inline)
-def decode_q2_k(raw, out):
-    for b in range(out.shape[0] // 256):
-        o = b * 84
-        d = half(raw[o + 80], raw[o + 81])
-        dmin = half(raw[o + 82], raw[o + 83])
-        for i in range(256):
-            sc = np.int64(raw[o + i // 16])
-            g, s, t = i // 128, (i % 128) // 32, i % 32
-            q = (np.int64(raw[o + 16 + g * 32 + t]) >> (2 * s)) & 3
-            out[b * 256 + i] = r32(d * (sc & 15) * q - dmin * (sc >> 4))
+def scales_q2_k(row, blk, down, c1, c0):  # 16 runs of 16: a 4-bit scale and min each
+    o = blk * 84
+    d = half(row[o + 80], row[o + 81]) * down
+    dmin = half(row[o + 82], row[o + 83]) * down
+    for r in range(16):
+        sc = np.int64(row[o + r])
+        c1[r] = d * (sc & 15)
+        c0[r] = -(dmin * (sc >> 4))
 
 
 @njit(**inline)
-def decode_q3_k(raw, out):
-    for b in range(out.shape[0] // 256):
-        o = b * 110
-        d = half(raw[o + 108], raw[o + 109])
-        for i in range(256):
-            j = i // 16  # the scale of 16 values: 4 low bits from bytes 0..7, 2 high from 8..11
-            low = (np.int64(raw[o + 96 + j % 8]) >> (4 * (j // 8))) & 15
-            high = (np.int64(raw[o + 104 + j % 4]) >> (2 * (j // 4))) & 3
-            scale = (low | (high << 4)) - 32
-            g, s, t = i // 128, (i % 128) // 32, i % 32
-            ql = (np.int64(raw[o + 32 + g * 32 + t]) >> (2 * s)) & 3
-            hbit = (np.int64(raw[o + t]) >> (i // 32)) & 1
-            out[b * 256 + i] = (d * scale) * (ql - ((hbit ^ 1) << 2))
+def lanes_q2_k(row, blk, r, j):  # element 16r + j: 2 bits of byte 32·(r // 8) + 16·(r % 2) + j
+    at = blk * 84 + 16 + (r // 8) * 32 + (r % 2) * 16 + j
+    return lanes.bytes_field(row, at, 2 * ((r % 8) // 2), 3)
 
 
 @njit(**inline)
-def _scale_min_k4(raw, o, j):
+def scales_q3_k(row, blk, down, c1, c0):  # 16 runs of 16: 6-bit signed scales
+    o = blk * 110
+    d = half(row[o + 108], row[o + 109]) * down
+    for r in range(16):
+        low = (np.int64(row[o + 96 + r % 8]) >> (4 * (r // 8))) & 15
+        high = (np.int64(row[o + 104 + r % 4]) >> (2 * (r // 4))) & 3
+        c1[r] = d * ((low | (high << 4)) - 32)
+
+
+@njit(**inline)
+def lanes_q3_k(row, blk, r, j):  # 2 low bits, and a high bit whose absence subtracts 4
+    o = blk * 110
+    t = (r % 2) * 16 + j
+    low = lanes.bytes_field(row, o + 32 + (r // 8) * 32 + t, 2 * ((r % 8) // 2), 3)
+    high = lanes.bytes_field(row, o + t, r // 2, 1)
+    return lanes.fma(high, lanes.splat(4.0), low) - lanes.splat(4.0)
+
+
+@njit(**inline)
+def _scale_min_k4(row, o, j):
     """Q4_K/Q5_K's 6-bit scale and min of sub-block j from the 12 bytes at o."""
     if j < 4:
-        return np.int64(raw[o + j]) & 63, np.int64(raw[o + 4 + j]) & 63
-    md = np.int64(raw[o + 8 + j - 4])
-    sc = (md & 15) | ((np.int64(raw[o + j - 4]) >> 2) & 48)
-    mn = (md >> 4) | ((np.int64(raw[o + j]) >> 2) & 48)
+        return np.int64(row[o + j]) & 63, np.int64(row[o + 4 + j]) & 63
+    md = np.int64(row[o + 8 + j - 4])
+    sc = (md & 15) | ((np.int64(row[o + j - 4]) >> 2) & 48)
+    mn = (md >> 4) | ((np.int64(row[o + j]) >> 2) & 48)
     return sc, mn
 
 
 @njit(**inline)
-def decode_q4_k(raw, out):
-    for b in range(out.shape[0] // 256):
-        o = b * 144
-        d = half(raw[o], raw[o + 1])
-        dmin = half(raw[o + 2], raw[o + 3])
-        for j in range(8):
-            sc, mn = _scale_min_k4(raw, o + 4, j)
-            dj, mj = d * sc, dmin * mn
-            g, s = j // 2, j % 2
-            for t in range(32):
-                q = (np.int64(raw[o + 16 + g * 32 + t]) >> (4 * s)) & 15
-                out[b * 256 + j * 32 + t] = r32(dj * q - mj)
+def _scales_k4(row, o, down, c1, c0):  # 8 runs of 32
+    d = half(row[o], row[o + 1]) * down
+    dmin = half(row[o + 2], row[o + 3]) * down
+    for r in range(8):
+        sc, mn = _scale_min_k4(row, o + 4, r)
+        c1[r] = d * sc
+        c0[r] = -(dmin * mn)
 
 
 @njit(**inline)
-def decode_q5_k(raw, out):
-    for b in range(out.shape[0] // 256):
-        o = b * 176
-        d = half(raw[o], raw[o + 1])
-        dmin = half(raw[o + 2], raw[o + 3])
-        for j in range(8):
-            sc, mn = _scale_min_k4(raw, o + 4, j)
-            dj, mj = d * sc, dmin * mn
-            g, s = j // 2, j % 2
-            for t in range(32):
-                q = (np.int64(raw[o + 48 + g * 32 + t]) >> (4 * s)) & 15
-                q |= ((np.int64(raw[o + 16 + t]) >> j) & 1) << 4
-                out[b * 256 + j * 32 + t] = r32(dj * q - mj)
+def scales_q4_k(row, blk, down, c1, c0):
+    _scales_k4(row, blk * 144, down, c1, c0)
 
 
 @njit(**inline)
-def decode_q6_k(raw, out):
-    for b in range(out.shape[0] // 256):
-        o = b * 210
-        d = half(raw[o + 208], raw[o + 209])
-        for i in range(256):
-            g, r = i // 128, i % 128
-            ql = (np.int64(raw[o + g * 64 + r % 64]) >> (4 * (r // 64))) & 15
-            qh = (np.int64(raw[o + 128 + g * 32 + r % 32]) >> (2 * (r // 32))) & 3
-            scale = signed8(raw[o + 192 + i // 16])
-            out[b * 256 + i] = (d * scale) * ((ql | (qh << 4)) - 32)
-
-
-# --- the same kinds in block form: value(j) = fp32(a · q_j + b) over runs of SUB elements ----
-#
-# A product kernel (`runtime.portable.jitted_weights`) asks a run's (a, b) once and its small
-# integers q_j into a scratch buffer, then makes the definition's integers itself: where
-# a · 2**s and b · 2**s are integers, every value in the run is exactly (a·q + b) with no
-# fp32 rounding (it is at most the row's peak, below 2**24 units), so its integer is the
-# affine c1·q + c0 without a rounding step; elsewhere the value is rounded as above.
+def lanes_q4_k(row, blk, r, j):  # 32 bytes for runs 2g, 2g + 1: low nibbles, then high ones
+    return lanes.bytes_field(row, blk * 144 + 16 + (r // 2) * 32 + j, 4 * (r % 2), 15)
 
 
 @njit(**inline)
-def params_q8_0(raw, s):
-    o = s * 34
-    return half(raw[o], raw[o + 1]), 0.0
+def scales_q5_k(row, blk, down, c1, c0):
+    _scales_k4(row, blk * 176, down, c1, c0)
 
 
 @njit(**inline)
-def quants_q8_0(raw, s, q):
-    o = s * 34 + 2
-    for j in range(32):
-        q[j] = signed8(raw[o + j])
+def lanes_q5_k(row, blk, r, j):  # as Q4_K, and bit r of byte j of the 32 high-bit bytes
+    o = blk * 176
+    q = lanes.bytes_field(row, o + 48 + (r // 2) * 32 + j, 4 * (r % 2), 15)
+    return lanes.fma(lanes.bytes_field(row, o + 16 + j, r, 1), lanes.splat(16.0), q)
 
 
 @njit(**inline)
-def params_q4_0(raw, s):
-    o = s * 18
-    return half(raw[o], raw[o + 1]), 0.0
+def scales_q6_k(row, blk, down, c1, c0):  # 16 runs of 16: int8 scales
+    o = blk * 210
+    d = half(row[o + 208], row[o + 209]) * down
+    for r in range(16):
+        c1[r] = d * signed8(row[o + 192 + r])
 
 
 @njit(**inline)
-def quants_q4_0(raw, s, q):
-    o = s * 18 + 2
-    for j in range(16):
-        b = np.int64(raw[o + j])
-        q[j] = (b & 15) - 8
-        q[16 + j] = (b >> 4) - 8
+def lanes_q6_k(row, blk, r, j):  # element 16r + j of half g = r // 8: 4 low bits, 2 high, - 32
+    o = blk * 210
+    g, t = r // 8, (r % 8) * 16 + j  # t: the element within its half of 128
+    low = lanes.bytes_field(row, o + g * 64 + t % 64, 4 * (t // 64), 15)
+    high = lanes.bytes_field(row, o + 128 + g * 32 + t % 32, 2 * (t // 32), 3)
+    return lanes.fma(high, lanes.splat(16.0), low) - lanes.splat(32.0)
 
 
-@njit(**inline)
-def params_q4_1(raw, s):
-    o = s * 20
-    return half(raw[o], raw[o + 1]), half(raw[o + 2], raw[o + 3])
+@dataclass(frozen=True)
+class Blocks:
+    """A block kind's table entry: elements a block and a run, whether values carry an
+    offset (then rounded to fp32 once), and its two functions."""
+
+    block: int
+    run: int
+    affine: bool
+    scales: object
+    lanes: object
 
 
-@njit(**inline)
-def quants_q4_1(raw, s, q):
-    o = s * 20 + 4
-    for j in range(16):
-        b = np.int64(raw[o + j])
-        q[j] = b & 15
-        q[16 + j] = b >> 4
-
-
-@njit(**inline)
-def params_q5_0(raw, s):
-    o = s * 22
-    return half(raw[o], raw[o + 1]), 0.0
-
-
-@njit(**inline)
-def quants_q5_0(raw, s, q):
-    o = s * 22
-    qh = _qh32(raw, o + 2)
-    for j in range(16):
-        b = np.int64(raw[o + 6 + j])
-        q[j] = ((b & 15) | (((qh >> j) & 1) << 4)) - 16
-        q[16 + j] = ((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
-
-
-@njit(**inline)
-def params_q5_1(raw, s):
-    o = s * 24
-    return half(raw[o], raw[o + 1]), half(raw[o + 2], raw[o + 3])
-
-
-@njit(**inline)
-def quants_q5_1(raw, s, q):
-    o = s * 24
-    qh = _qh32(raw, o + 4)
-    for j in range(16):
-        b = np.int64(raw[o + 8 + j])
-        q[j] = (b & 15) | (((qh >> j) & 1) << 4)
-        q[16 + j] = (b >> 4) | (((qh >> (j + 16)) & 1) << 4)
-
-
-@njit(**inline)
-def params_q2_k(raw, s):  # runs of 16: 16 per block
-    o = (s // 16) * 84
-    sc = np.int64(raw[o + s % 16])
-    return half(raw[o + 80], raw[o + 81]) * (sc & 15), -(half(raw[o + 82], raw[o + 83]) * (sc >> 4))
-
-
-@njit(**inline)
-def quants_q2_k(raw, s, q):
-    o = (s // 16) * 84
-    for j in range(16):
-        i = (s % 16) * 16 + j
-        g, sh, t = i // 128, (i % 128) // 32, i % 32
-        q[j] = (np.int64(raw[o + 16 + g * 32 + t]) >> (2 * sh)) & 3
-
-
-@njit(**inline)
-def params_q3_k(raw, s):  # runs of 16
-    o = (s // 16) * 110
-    j = s % 16
-    low = (np.int64(raw[o + 96 + j % 8]) >> (4 * (j // 8))) & 15
-    high = (np.int64(raw[o + 104 + j % 4]) >> (2 * (j // 4))) & 3
-    return half(raw[o + 108], raw[o + 109]) * ((low | (high << 4)) - 32), 0.0
-
-
-@njit(**inline)
-def quants_q3_k(raw, s, q):
-    o = (s // 16) * 110
-    for j in range(16):
-        i = (s % 16) * 16 + j
-        g, sh, t = i // 128, (i % 128) // 32, i % 32
-        ql = (np.int64(raw[o + 32 + g * 32 + t]) >> (2 * sh)) & 3
-        hbit = (np.int64(raw[o + t]) >> (i // 32)) & 1
-        q[j] = ql - ((hbit ^ 1) << 2)
-
-
-@njit(**inline)
-def params_q4_k(raw, s):  # runs of 32: 8 per block
-    o = (s // 8) * 144
-    sc, mn = _scale_min_k4(raw, o + 4, s % 8)
-    return half(raw[o], raw[o + 1]) * sc, -(half(raw[o + 2], raw[o + 3]) * mn)
-
-
-@njit(**inline)
-def quants_q4_k(raw, s, q):
-    j = s % 8
-    o = (s // 8) * 144 + 16 + (j // 2) * 32
-    shift = 4 * (j % 2)
-    for t in range(32):
-        q[t] = (np.int64(raw[o + t]) >> shift) & 15
-
-
-@njit(**inline)
-def params_q5_k(raw, s):
-    o = (s // 8) * 176
-    sc, mn = _scale_min_k4(raw, o + 4, s % 8)
-    return half(raw[o], raw[o + 1]) * sc, -(half(raw[o + 2], raw[o + 3]) * mn)
-
-
-@njit(**inline)
-def quants_q5_k(raw, s, q):
-    j = s % 8
-    o = (s // 8) * 176
-    lo = o + 48 + (j // 2) * 32
-    shift = 4 * (j % 2)
-    for t in range(32):
-        q[t] = ((np.int64(raw[lo + t]) >> shift) & 15) | (
-            ((np.int64(raw[o + 16 + t]) >> j) & 1) << 4
-        )
-
-
-@njit(**inline)
-def params_q6_k(raw, s):  # runs of 16
-    o = (s // 16) * 210
-    return half(raw[o + 208], raw[o + 209]) * signed8(raw[o + 192 + s % 16]), 0.0
-
-
-@njit(**inline)
-def quants_q6_k(raw, s, q):
-    o = (s // 16) * 210
-    for j in range(16):
-        i = (s % 16) * 16 + j
-        g, r = i // 128, i % 128
-        ql = (np.int64(raw[o + g * 64 + r % 64]) >> (4 * (r // 64))) & 15
-        qh = (np.int64(raw[o + 128 + g * 32 + r % 32]) >> (2 * (r // 32))) & 3
-        q[j] = (ql | (qh << 4)) - 32
-
-
-# --- a whole row's quants at once, for the commonest kinds -----------------------------------
-# A byte becomes its fp64 quant by one load from a 256-entry table: numba does not vectorise
-# the per-run int64 -> fp64 conversions of `quants_*`, and unpacking is most of a step's work
-# over 4- and 8-bit weights (docs/NUMERICS.md, "Weights at their stored width").
-
-_LOW = np.array([b & 15 for b in range(256)], dtype=np.float64)
-_HIGH = np.array([b >> 4 for b in range(256)], dtype=np.float64)
-_SIGNED = np.array([b - 256 if b >= 128 else b for b in range(256)], dtype=np.float64)
-
-
-@njit(**inline)
-def row_quants_q8_0(raw, q):
-    for s in range(q.shape[0] // 32):
-        o = s * 34 + 2
-        for j in range(32):
-            q[s * 32 + j] = _SIGNED[raw[o + j]]
-
-
-@njit(**inline)
-def row_quants_q4_0(raw, q):
-    for s in range(q.shape[0] // 32):
-        o = s * 18 + 2
-        for j in range(16):
-            b = raw[o + j]
-            q[s * 32 + j] = _LOW[b] - 8.0
-            q[s * 32 + 16 + j] = _HIGH[b] - 8.0
-
-
-@njit(**inline)
-def row_quants_q4_1(raw, q):
-    for s in range(q.shape[0] // 32):
-        o = s * 20 + 4
-        for j in range(16):
-            b = raw[o + j]
-            q[s * 32 + j] = _LOW[b]
-            q[s * 32 + 16 + j] = _HIGH[b]
-
-
-@njit(**inline)
-def row_quants_q4_k(raw, q):  # a block: 4 chunks of 32 bytes, low nibbles a run, high the next
-    for blk in range(q.shape[0] // 256):
-        o = blk * 144 + 16
-        for h in range(4):
-            for t in range(32):
-                b = raw[o + h * 32 + t]
-                q[blk * 256 + h * 64 + t] = _LOW[b]
-                q[blk * 256 + h * 64 + 32 + t] = _HIGH[b]
-
-
-# --- a run's sum of integer activations times its quants, straight from the bytes ------------
-# int64 sums of int32 activations times the quants: exact in any order, and a form LLVM
-# multiplies four (AVX2) or eight at a time. A one-token step over block weights is mostly
-# these (`runtime.portable.jitted_weights.dot_runs`); ``xsum`` is the run's sum of ``xi``.
-
-
-@njit(**inline)
-def run_dot_q8_0(raw, s, xi, o, xsum, q):
-    r = s * 34 + 2
-    p = np.int64(0)
-    for j in range(32):
-        p += np.int64(xi[o + j]) * ((np.int64(raw[r + j]) ^ 128) - 128)
-    return p
-
-
-@njit(**inline)
-def _nibbles_dot(raw, r, xi, o):  # low nibbles times xi[o:o+16], high ones times the next 16
-    p = np.int64(0)
-    for j in range(16):
-        b = np.int64(raw[r + j])
-        p += np.int64(xi[o + j]) * (b & 15) + np.int64(xi[o + 16 + j]) * (b >> 4)
-    return p
-
-
-@njit(**inline)
-def run_dot_q4_0(raw, s, xi, o, xsum, q):
-    return _nibbles_dot(raw, s * 18 + 2, xi, o) - 8 * xsum
-
-
-@njit(**inline)
-def run_dot_q4_1(raw, s, xi, o, xsum, q):
-    return _nibbles_dot(raw, s * 20 + 4, xi, o)
-
-
-@njit(**inline)
-def run_dot_q4_k(raw, s, xi, o, xsum, q):
-    j = s % 8
-    r = (s // 8) * 144 + 16 + (j // 2) * 32
-    shift = 4 * (j % 2)
-    p = np.int64(0)
-    for t in range(32):
-        p += np.int64(xi[o + t]) * ((np.int64(raw[r + t]) >> shift) & 15)
-    return p
-
-
-# kind -> its run sum; the other block kinds unpack a run's quants first.
-RUN_DOTS = {
-    "q8_0": run_dot_q8_0,
-    "q4_0": run_dot_q4_0,
-    "q4_1": run_dot_q4_1,
-    "q4_k": run_dot_q4_k,
+BLOCKS = {
+    "q8_0": Blocks(32, 32, False, scales_q8_0, lanes_q8_0),
+    "q4_0": Blocks(32, 16, False, scales_q4_0, lanes_q4_0),
+    "q4_1": Blocks(32, 16, True, scales_q4_1, lanes_q4_1),
+    "q5_0": Blocks(32, 16, False, scales_q5_0, lanes_q5_0),
+    "q5_1": Blocks(32, 16, True, scales_q5_1, lanes_q5_1),
+    "q2_k": Blocks(256, 16, True, scales_q2_k, lanes_q2_k),
+    "q3_k": Blocks(256, 16, False, scales_q3_k, lanes_q3_k),
+    "q4_k": Blocks(256, 32, True, scales_q4_k, lanes_q4_k),
+    "q5_k": Blocks(256, 32, True, scales_q5_k, lanes_q5_k),
+    "q6_k": Blocks(256, 16, False, scales_q6_k, lanes_q6_k),
 }
 
 
-# kind -> its whole-row unpacker; the other block kinds go a run at a time (`quants_*`).
-ROW_QUANTS = {
-    "q8_0": row_quants_q8_0,
-    "q4_0": row_quants_q4_0,
-    "q4_1": row_quants_q4_1,
-    "q4_k": row_quants_q4_k,
-}
+def decode_blocks(row, out):  # template (BLOCK, RUN, AFFINE, scales, quants per kind)
+    runs = BLOCK // RUN  # noqa: F821
+    c1, c0 = np.empty(runs), np.zeros(runs)
+    for blk in range(out.shape[0] // BLOCK):  # noqa: F821
+        scales(row, blk, 1.0, c1, c0)  # noqa: F821
+        for r in range(runs):
+            a, b = lanes.splat(c1[r]), lanes.splat(c0[r])
+            for j in range(0, RUN, lanes.LANES):  # noqa: F821
+                q = quants(row, blk, r, j)  # noqa: F821
+                # fp32(a·q + b): one rounding of the exact sum (a·q is exact); a·q alone
+                # otherwise, which keeps a negative zero as gguf-py does
+                v = lanes.fma(a, q, b) if AFFINE else a * q  # noqa: F821
+                lanes.store_f32(out, blk * BLOCK + r * RUN + j, v)  # noqa: F821
 
 
-# kind -> (run length, params, quants); the float kinds have no block form.
-BLOCK_FORMS = {
-    "q8_0": (32, params_q8_0, quants_q8_0),
-    "q4_0": (32, params_q4_0, quants_q4_0),
-    "q4_1": (32, params_q4_1, quants_q4_1),
-    "q5_0": (32, params_q5_0, quants_q5_0),
-    "q5_1": (32, params_q5_1, quants_q5_1),
-    "q2_k": (16, params_q2_k, quants_q2_k),
-    "q3_k": (16, params_q3_k, quants_q3_k),
-    "q4_k": (32, params_q4_k, quants_q4_k),
-    "q5_k": (32, params_q5_k, quants_q5_k),
-    "q6_k": (16, params_q6_k, quants_q6_k),
-}
+def block_bindings(kind: str) -> dict:
+    """What a block-loop template reads for ``kind``: BLOCK, RUN, AFFINE, scales, quants."""
+    b = BLOCKS[kind]
+    return {
+        "BLOCK": b.block,
+        "RUN": b.run,
+        "AFFINE": b.affine,
+        "scales": b.scales,
+        "quants": b.lanes,
+    }
+
+
+def specialise(template, kind: str, **bindings):
+    """``template`` as a new module-level function ``{name}_{kind}`` whose globals include
+    ``bindings`` (a kind's constants and functions), not yet compiled."""
+    scope = dict(template.__globals__, **bindings)
+    fn = types.FunctionType(
+        template.__code__, scope, f"{template.__name__}_{kind}", None, template.__closure__
+    )
+    fn.__qualname__ = f"{template.__qualname__}_{kind}"
+    return fn
 
 
 DECODERS = {
     "f32": decode_f32,
     "f16": decode_f16,
     "bf16": decode_bf16,
-    "q8_0": decode_q8_0,
-    "q4_0": decode_q4_0,
-    "q4_1": decode_q4_1,
-    "q5_0": decode_q5_0,
-    "q5_1": decode_q5_1,
-    "q2_k": decode_q2_k,
-    "q3_k": decode_q3_k,
-    "q4_k": decode_q4_k,
-    "q5_k": decode_q5_k,
-    "q6_k": decode_q6_k,
+    **{
+        kind: njit(**inline)(specialise(decode_blocks, kind, **block_bindings(kind)))
+        for kind in BLOCKS
+    },
 }
-
-
-def specialise(template, kind: str, **bindings):
-    """``template`` as a new module-level function ``{name}_{kind}`` whose global
-    ``decode_row`` is that kind's decoder (plus any other ``bindings``), not yet compiled."""
-    scope = dict(template.__globals__, decode_row=DECODERS[kind], **bindings)
-    fn = types.FunctionType(
-        template.__code__, scope, f"{template.__name__}_{kind}", None, template.__closure__
-    )
-    fn.__qualname__ = f"{template.__qualname__}_{kind}"
-    return fn
 
 
 def _to_fp32(raw, rows, out):  # template: out[i] = the fp32 values of raw[rows[i]]
@@ -586,7 +332,8 @@ def to_fp32(kind: str, raw: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The fp32 values (len(rows), K) of rows ``rows`` of ``raw`` held as ``kind``."""
     fn = _compiled.get(kind)
     if fn is None:
-        fn = _compiled[kind] = njit(**flags)(specialise(_to_fp32, kind))
+        fn = njit(**flags)(specialise(_to_fp32, kind, decode_row=DECODERS[kind]))
+        _compiled[kind] = fn
     out = np.empty((rows.shape[0], KINDS[kind].elements(raw.shape[1])), dtype=np.float32)
     fn(raw, rows.astype(np.int64, copy=False), out)
     return out

@@ -1,0 +1,263 @@
+"""Four fp64 lanes as one LLVM vector, for numba kernels that must vectorise.
+
+numba leaves vectorisation to LLVM, and LLVM does not vectorise the loops this project needs
+most: a GGUF block's quants sit at byte offsets of a run (LLVM sees possibly negative indices
+and makes gathers of them), and a sum of a few runs is one chain of dependent adds. Here a
+kernel says what each group of four elements is — four bytes read as integers, a scale times
+them, rounded — as operations on an ``f64x4`` value, an LLVM ``<4 x double>``; LLVM lowers
+it to one AVX2 register, two SSE2 registers on a baseline x86-64 build, or what another
+target has. Every operation is one IEEE operation per lane (add, subtract, multiply, round to
+an integer, round to fp32, widen), the same bits on every target; ``fma`` is used only where
+the product is exact, so fused or not gives the same sum. No fast-math flag is set.
+
+Indices are element offsets into a 1-D C-contiguous array and are not checked: a caller reads
+only inside the rows it was given (the stored shapes are checked when a weight is held).
+Imported on first use only (it registers a numba type).
+"""
+
+from __future__ import annotations
+
+import operator
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.datamodel import models
+from numba.extending import intrinsic, overload, register_model
+
+LANES = 4
+
+
+class F64x4Type(types.Type):
+    def __init__(self) -> None:
+        super().__init__(name="f64x4")
+
+
+f64x4 = F64x4Type()
+_I32 = ir.IntType(32)
+_VD = ir.VectorType(ir.DoubleType(), LANES)
+_VF = ir.VectorType(ir.FloatType(), LANES)
+_VI = ir.VectorType(_I32, LANES)
+
+
+@register_model(F64x4Type)
+class _F64x4Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type) -> None:
+        super().__init__(dmm, fe_type, _VD)
+
+
+def _address(context, builder, arrty, arr, index, lane_type):
+    """A pointer to ``arr[index]`` as a pointer to ``lane_type`` (four elements)."""
+    ary = context.make_array(arrty)(context, builder, arr)
+    return builder.bitcast(builder.gep(ary.data, [index]), lane_type.as_pointer())
+
+
+def _vector(builder, vtype, scalar):
+    out = ir.Constant(vtype, ir.Undefined)
+    for k in range(LANES):
+        out = builder.insert_element(out, scalar, ir.Constant(_I32, k))
+    return out
+
+
+def _ints(values):
+    return ir.Constant(_VI, [ir.Constant(_I32, v) for v in values])
+
+
+def _call(builder, name: str, args):
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_VD, [_VD] * len(args)), name
+    )
+    return builder.call(fn, args)
+
+
+@intrinsic
+def splat(typingctx, x):
+    """x in every lane."""
+
+    def codegen(context, builder, sig, args):
+        return _vector(builder, _VD, args[0])
+
+    return f64x4(types.float64), codegen
+
+
+@intrinsic
+def zeros(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VD, [ir.Constant(ir.DoubleType(), 0.0)] * LANES)
+
+    return f64x4(), codegen
+
+
+@intrinsic
+def load(typingctx, arr, i):
+    """arr[i..i+3] of an fp64 array."""
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], *args, _VD), align=8)
+
+    return f64x4(arr, types.intp), codegen
+
+
+@intrinsic
+def store(typingctx, arr, i, v):
+    """arr[i..i+3] = v, an fp64 array."""
+
+    def codegen(context, builder, sig, args):
+        builder.store(
+            args[2], _address(context, builder, sig.args[0], args[0], args[1], _VD), align=8
+        )
+        return context.get_dummy_value()
+
+    return types.none(arr, types.intp, f64x4), codegen
+
+
+@intrinsic
+def store_f32(typingctx, arr, i, v):
+    """arr[i..i+3] = v rounded to fp32 (exact where v holds fp32 values), an fp32 array."""
+
+    def codegen(context, builder, sig, args):
+        at = _address(context, builder, sig.args[0], args[0], args[1], _VF)
+        builder.store(builder.fptrunc(args[2], _VF), at, align=4)
+        return context.get_dummy_value()
+
+    return types.none(arr, types.intp, f64x4), codegen
+
+
+@intrinsic
+def bytes_field(typingctx, arr, i, shift, mask):
+    """``(b >> shift) & mask`` of the four bytes b at arr[i..i+3] (a uint8 array), as fp64."""
+
+    def codegen(context, builder, sig, args):
+        vb = ir.VectorType(ir.IntType(8), LANES)
+        b = builder.zext(
+            builder.load(_address(context, builder, sig.args[0], *args[:2], vb), align=1), _VI
+        )
+        shift_, mask_ = (_vector(builder, _VI, builder.trunc(a, _I32)) for a in args[2:])
+        return builder.sitofp(builder.and_(builder.lshr(b, shift_), mask_), _VD)
+
+    return f64x4(arr, types.intp, types.intp, types.intp), codegen
+
+
+@intrinsic
+def signed_bytes(typingctx, arr, i):
+    """The four bytes at arr[i..i+3] (a uint8 array) read as int8, as fp64."""
+
+    def codegen(context, builder, sig, args):
+        vb = ir.VectorType(ir.IntType(8), LANES)
+        b = builder.load(_address(context, builder, sig.args[0], *args, vb), align=1)
+        return builder.sitofp(builder.sext(b, _VI), _VD)
+
+    return f64x4(arr, types.intp), codegen
+
+
+@intrinsic
+def word_bits(typingctx, arr, i, first):
+    """Bits first..first+3 of the little-endian 32-bit word at arr[i..i+3] (a uint8 array),
+    one a lane, as fp64 0 or 1 (Q5_0/Q5_1's fifth bits)."""
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_address(context, builder, sig.args[0], *args[:2], _I32), align=1)
+        first_ = _vector(builder, _VI, builder.trunc(args[2], _I32))
+        shift = builder.add(first_, _ints(range(LANES)))
+        bits = builder.and_(builder.lshr(_vector(builder, _VI, word), shift), _ints([1] * LANES))
+        return builder.sitofp(bits, _VD)
+
+    return f64x4(arr, types.intp, types.intp), codegen
+
+
+@intrinsic
+def half(typingctx, lo, hi):
+    """The fp16 number with bytes lo, hi (little-endian), exactly, as fp64, without a branch:
+    its fields moved into an fp32's places (infinity and NaN keep an all-ones exponent), that
+    fp32 times 2**112 (subnormals included). A block's scale is decoded once a block, and a
+    branch that mispredicts costs more than the block's 32 products."""
+
+    def codegen(context, builder, sig, args):
+        h = builder.or_(
+            builder.zext(args[0], _I32), builder.shl(builder.zext(args[1], _I32), _I32(8))
+        )
+        low = builder.shl(builder.and_(h, _I32(0x7FFF)), _I32(13))
+        bits = builder.or_(low, builder.shl(builder.and_(h, _I32(0x8000)), _I32(16)))
+        special = builder.icmp_unsigned("==", builder.and_(h, _I32(0x7C00)), _I32(0x7C00))
+        bits = builder.select(special, builder.or_(bits, _I32(0x7F800000)), bits)
+        wide = builder.fpext(builder.bitcast(bits, ir.FloatType()), ir.DoubleType())
+        return builder.fmul(wide, ir.Constant(ir.DoubleType(), 2.0**112))
+
+    return types.float64(types.uint8, types.uint8), codegen
+
+
+def _binary(name: str):
+    @intrinsic
+    def op(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            return getattr(builder, name)(*args)
+
+        return f64x4(f64x4, f64x4), codegen
+
+    return op
+
+
+_add, _sub, _mul = _binary("fadd"), _binary("fsub"), _binary("fmul")
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a·b + c, fused where the target can. Only for an exact a·b (small integers, integers
+    below 2**53): then fused and unfused give the same result."""
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fmuladd.v4f64", args)
+
+    return f64x4(f64x4, f64x4, f64x4), codegen
+
+
+@intrinsic
+def rint(typingctx, a):
+    """Each lane rounded to an integer, ties to even (numpy's rint)."""
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.rint.v4f64", args)
+
+    return f64x4(f64x4), codegen
+
+
+@intrinsic
+def r32(typingctx, a):
+    """Each lane rounded to fp32 (and widened back: exact)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], _VF), _VD)
+
+    return f64x4(f64x4), codegen
+
+
+@intrinsic
+def total(typingctx, a):
+    """(a0 + a1) + (a2 + a3): the sum of integer-valued lanes, exact below 2**53."""
+
+    def codegen(context, builder, sig, args):
+        e = [builder.extract_element(args[0], ir.Constant(_I32, k)) for k in range(LANES)]
+        return builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
+
+    return types.float64(f64x4), codegen
+
+
+@overload(operator.add)
+def _overload_add(a, b):
+    if a is f64x4 and b is f64x4:
+        return lambda a, b: _add(a, b)
+    return None
+
+
+@overload(operator.sub)
+def _overload_sub(a, b):
+    if a is f64x4 and b is f64x4:
+        return lambda a, b: _sub(a, b)
+    return None
+
+
+@overload(operator.mul)
+def _overload_mul(a, b):
+    if a is f64x4 and b is f64x4:
+        return lambda a, b: _mul(a, b)
+    return None
