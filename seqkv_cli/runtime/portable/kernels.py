@@ -85,9 +85,11 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
 # step, so the chunk is small beside what a step holds (the store's hashing chunk is larger).
 PEAK_CHUNK = 1 << 20
 
-# Work (multiply-adds or elements) from which a kernel runs on all threads: below it, handing
-# a task to a sleeping thread costs more than it saves.
-PARALLEL_WORK = 1 << 18
+# Work (multiply-adds, or elements weighted by what each costs) from which a kernel runs on all
+# threads: below it, waking a sleeping thread and waiting for it costs more than it saves (a
+# hand-off took ~0.17 ms on a 2-core VM: docs/BENCHMARKS_LOG.md, "The exact step").
+PARALLEL_WORK = 1 << 21
+TILE_ELEMENT_WORK = 4  # a tile element is a block decoded and rounded: a few operations
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (its threads, the pool)
 _pool_lock = threading.Lock()
 
@@ -189,7 +191,8 @@ def stored_tile(stored, start: int, stop: int, peaks: np.ndarray, bits: int) -> 
     `StoredTensor`, fp64 (stop - start, K): what a BLAS product multiplies."""
     out = np.empty((stop - start, stored.shape[1]))
     tile = _stored(stored.kind.name, "tile")
-    _run(tile, _weight_tasks(stop - start), out.size, stored.raw, start, peaks, bits, out)
+    work = out.size * TILE_ELEMENT_WORK
+    _run(tile, _weight_tasks(stop - start), work, stored.raw, start, peaks, bits, out)
     return torch.from_numpy(out)
 
 
@@ -198,13 +201,14 @@ def stored_step(
 ) -> torch.Tensor:
     """`exact.fixed_product` of a one-integer form for few rows, in one native call: x (M, K)
     quantized against the integers of a `StoredTensor` (N, K) at ``bits``, each made where it
-    is multiplied: fp64 (M, N), the same bits."""
-    xs = _np(x)
+    is multiplied: fp64 (M, N), the same bits. x may be a numpy array (fp32 or fp64); the
+    result is then one too."""
+    xs = x if isinstance(x, np.ndarray) else _np(x)
     out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
     work = out.size * xs.shape[1]
     step = _stored(stored.kind.name, "step")
     _run(step, _weight_tasks(out.shape[1]), work, xs, right, l1, stored.raw, peaks, bits, out)
-    return torch.from_numpy(out)
+    return out if isinstance(x, np.ndarray) else torch.from_numpy(out)
 
 
 def stored_products(x: torch.Tensor, stored, peaks: np.ndarray, bits: int) -> torch.Tensor:
@@ -225,6 +229,20 @@ def exp(a: torch.Tensor, constants: tuple) -> torch.Tensor:
     out = np.empty_like(flat)
     _run(_compiled()["exp"], flat.size, flat.size * 8, flat, out, *constants)
     return torch.from_numpy(out).view(a.shape)
+
+
+def rms_norm(h: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
+    """fused.FusedDecoder._rms_norm of fp32 rows h (M, K) with an fp32 weight (K,): fp32."""
+    out = np.empty_like(h)
+    _compiled()["rms_norm"](h, weight, eps, out, 0, h.shape[0])
+    return out
+
+
+def silu_product(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """elementary.silu(gate) * up of fp32 rows (M, N): fp32."""
+    out = np.empty_like(gate)
+    _compiled()["silu_product"](gate, up, out, *elementary.EXP_KERNEL, 0, gate.shape[0])
+    return out
 
 
 def _rows(a: torch.Tensor) -> np.ndarray:
