@@ -18,9 +18,10 @@ very torch op the mode would have let through. It is an optimisation, never a de
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from seqkv_cli.runtime.portable import elementary, exact
+from seqkv_cli.runtime.portable import elementary, exact, kernels
 from seqkv_cli.runtime.portable.attention import attend
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -53,6 +54,9 @@ class FusedDecoder:
         self.inv_freq = rotary_inv_freq
         self.attention_scaling = self.base.rotary_emb.attention_scaling
         self.model_type = self.cfg.model_type
+        # Whether `run` takes `step` for one token a row: None until PortableLM has compared
+        # the two on this machine, before the first step (`PortableLM._step_check`).
+        self.native_step: bool | None = None
 
     # -- the reference's operations, one by one ------------------------------------------
 
@@ -125,9 +129,90 @@ class FusedDecoder:
         gate, up = self._linear(x, mlp.gate_proj, mlp.up_proj)
         return self._linear(elementary.silu(gate) * up, mlp.down_proj)[0]
 
+    # -- a step: one token a row, the same operations on numpy rows ------------------------
+    #
+    # A step (every row one token: decoding, trie rows in lockstep) runs the same operations
+    # in the same order with no torch op between the products: the products, the norms and
+    # SiLU are native kernels, the rest single numpy operations on fp32 or fp64 rows (each one
+    # correctly rounded, as torch's are). `run` takes it once `step_agrees` has compared it
+    # with the torch path on this machine.
+
+    def _native_linear(self, x: np.ndarray, *modules) -> list[np.ndarray]:
+        """`_linear` of fp32 rows x (M, K): each module's fp32 output (M, N)."""
+        bits = exact.right_bits(x.shape[-1], self.form)
+        outs = []
+        for module in modules:
+            part = self.weights.stored(module.weight)
+            self.weights.before_step(part.kind.name, self.form)
+            out = kernels.stored_step(
+                np.ascontiguousarray(x),
+                bits,
+                self.form == exact.L1,
+                part,
+                self.weights.peaks(part),
+                bits,
+            )
+            if module.bias is not None:
+                out = out + module.bias.detach().numpy().astype(np.float64)
+            outs.append(out.astype(np.float32))
+        return outs
+
+    @staticmethod
+    def _native_norm(x: np.ndarray, module) -> np.ndarray:
+        weight = module.weight.detach().numpy()
+        rows = x.reshape(-1, x.shape[-1])
+        eps = np.float32(module.variance_epsilon)
+        return kernels.rms_norm(np.ascontiguousarray(rows), weight, eps).reshape(x.shape)
+
+    @staticmethod
+    def _native_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        half = x.shape[-1] // 2
+        rotated = np.concatenate((-x[..., half:], x[..., :half]), axis=-1)
+        return (x * cos) + (rotated * sin)
+
+    def _native_attention(self, layer, attn, x, cos, sin, states) -> np.ndarray:
+        rows, hd = x.shape[0], attn.head_dim
+        q, k, v = (
+            p.reshape(rows, -1, hd)
+            for p in self._native_linear(x, attn.q_proj, attn.k_proj, attn.v_proj)
+        )
+        if hasattr(attn, "q_norm"):
+            q, k = self._native_norm(q, attn.q_norm), self._native_norm(k, attn.k_norm)
+        q = self._native_rotate(q, cos[:, None, :], sin[:, None, :])
+        k = self._native_rotate(k, cos[:, None, :], sin[:, None, :])
+        window = self._window(attn)
+        out = np.empty((rows, q.shape[1] * hd), dtype=np.float32)
+        for row, state in enumerate(states):
+            kr, vr = torch.from_numpy(k[row][:, None, :]), torch.from_numpy(v[row][:, None, :])
+            state.write(layer, kr, vr)
+            qr = torch.from_numpy(np.ascontiguousarray(q[row][:, None, :]))
+            att = attend(state, layer, qr, attn.scaling, window, None)
+            out[row] = att.numpy().astype(np.float32).reshape(-1)
+        return self._native_linear(out, attn.o_proj)[0]
+
+    def steps_natively(self) -> bool:
+        """Whether `step` can run this model: every linear weight held in the store."""
+        linears = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
+        return kernels.enabled() and all(self.weights.stored(m.weight) for m in linears)
+
+    def step(self, states, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`run` for one token a row (ids, positions (batch, 1)): the same logits and K/V."""
+        h = self.weights.embedding(self.base.embed_tokens.weight, ids[:, 0]).numpy()
+        cos, sin = (t[:, 0].numpy() for t in self._rotary(positions))
+        for layer, block in enumerate(self.base.layers[: self.cfg.num_hidden_layers]):
+            x = self._native_norm(h, block.input_layernorm)
+            h = h + self._native_attention(layer, block.self_attn, x, cos, sin, states)
+            x = self._native_norm(h, block.post_attention_layernorm)
+            gate, up = self._native_linear(x, block.mlp.gate_proj, block.mlp.up_proj)
+            h = h + self._native_linear(kernels.silu_product(gate, up), block.mlp.down_proj)[0]
+        h = self._native_norm(h, self.base.norm)
+        return torch.from_numpy(self._native_linear(h, self.model.lm_head)[0])[:, None, :]
+
     @torch.inference_mode()
     def run(self, states, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (batch, seq, vocab) for ids (batch, seq) at positions; writes each row's K/V."""
+        if ids.shape[1] == 1 and self.native_step and kernels.usable(ids):
+            return self.step(states, ids, positions)
         h = self.weights.embedding(self.base.embed_tokens.weight, ids)
         cos, sin = self._rotary(positions)
         for layer, block in enumerate(self.base.layers[: self.cfg.num_hidden_layers]):

@@ -173,6 +173,42 @@ def scale_product(s, erow, ecol, out, first, stop):  # exact.fixed_matmul's scal
             out[m, n] = s[m, n] * (row * col[n])
 
 
+def rms_norm(h, weight, eps, out, first, stop):
+    """fused.FusedDecoder._rms_norm of rows first..stop of h (M, K; fp32), step for step:
+    squares rounded to fp32, their sum by elementary.tree_sum's fixed tree in fp64 (padded
+    with zeros to a power of two), divided by K and rounded to fp32, plus eps in fp32,
+    1/sqrt in fp64 rounded to fp32, then weight · (h · that) in fp32."""
+    k_len = h.shape[1]
+    width = 1
+    while width < k_len:
+        width *= 2
+    buf = np.zeros(width)
+    for m in range(first, stop):
+        for k in range(k_len):
+            a = np.float64(h[m, k])
+            buf[k] = np.float64(np.float32(a * a))
+        half = width // 2
+        while half >= 1:
+            for i in range(half):
+                buf[i] = buf[i] + buf[i + half]
+            half //= 2
+        variance = np.float32(buf[0] / k_len)
+        inv = np.float32(1.0 / np.sqrt(np.float64(variance + eps)))
+        for k in range(k_len):  # the tree wrote below K only: the padding stays zero
+            out[m, k] = weight[k] * (h[m, k] * inv)
+
+
+def silu_product(gate, up, out, coef, log2e, ln2_hi, ln2_lo, lo, hi, first, stop):
+    """elementary.silu(gate) · up over fp32 rows first..stop: gate / (1 + exp(-gate)) in
+    fp64 (exp as elementary.exp) rounded to fp32, times up in fp32."""
+    for m in range(first, stop):
+        for k in range(gate.shape[1]):
+            a = np.float64(gate[m, k])
+            e = exp1(-a, coef, log2e, ln2_hi, ln2_lo, lo, hi)
+            out[m, k] = np.float32(a / (1.0 + e)) * up[m, k]
+
+
 KERNELS = {
-    fn.__name__: njit(**exact_flags)(fn) for fn in (exp, quantize, split, combine, scale_product)
+    fn.__name__: njit(**exact_flags)(fn)
+    for fn in (exp, quantize, split, combine, scale_product, rms_norm, silu_product)
 }

@@ -250,8 +250,37 @@ class PortableLM(ShapeAttributes):
         state.length += len(ids)
         return logits[0].float().cpu()  # the fused decoder leaves them on the model's device
 
+    def _step_check(self) -> bool:
+        """Whether the fused decoder's native step gives the torch path's bits on this machine:
+        three tokens prefilled, then one stepped both ways from the same state (logits and
+        every K/V). Run before the first step of a process, so a capture compiles none of it."""
+        fused = self.fused
+        if not fused.steps_natively():
+            return False
+        n = 4
+        ids = torch.arange(n) % self.vocab_size
+        state = self.new_state(n)
+        self._forward_with(fused.run, state, ids[: n - 1])
+        runs = []
+        for native in (False, True):
+            branch = state.fork(n - 1, n)
+            fused.native_step = native
+            logits = self._forward_with(fused.run, branch, ids[n - 1 :])
+            runs.append((logits, branch.keys[:, :, :n], branch.values[:, :, :n]))
+        agree = all(same_bits(a, b) for a, b in zip(*runs, strict=True))
+        if not agree:
+            warnings.warn(
+                f"seqkv: the native {self.model_type} step does not match the fused forward bit "
+                "for bit on this machine; stepping through torch (same bits, slower)",
+                stacklevel=3,
+            )
+        return agree
+
     def _run(self, states, ids, positions) -> torch.Tensor:
         """Next-token logits (batch, seq, vocab) on the CPU; each state grows by seq positions."""
+        if self.fused is not None and ids.shape[1] == 1 and self.fused.native_step is None:
+            self.fused.native_step = False  # the check's own steps take the torch path
+            self.fused.native_step = self._step_check()
         if self.fused is not None:
             logits = self.fused.run(states, ids.to(self.device), positions.to(self.device))
             logits = logits.float().cpu()
