@@ -9,6 +9,7 @@ rows: logits and every K/V tensor, bit for bit.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +84,40 @@ def test_older_paths_run_the_kernels_too(path, monkeypatch):
     reference = _run_all_ways(PortableLM(model, path), ids)
     for got, want in zip(native, reference, strict=True):
         assert _same(got, want)
+
+
+@pytest.mark.parametrize("path", sorted(exact.FORMS))
+def test_a_step_runs_natively_once_it_agrees(path, recwarn):
+    """One token a row takes the native step (v2's two limbs: the torch path), without a
+    warning, once the check before the first step found it equal to the fused torch path."""
+    lm = PortableLM(tiny_family_model("qwen3", max_position_embeddings=64), path)
+    state = lm.new_state(8)
+    lm.forward(state, torch.tensor([5, 6, 7]))
+    assert lm.fused.native_step is None  # a prefill does not check it
+    lm.forward(state, torch.tensor([8]))
+    assert lm.fused.native_step is (path != exact.NUMERIC_PATH_V2)
+    assert not [w for w in recwarn if "native" in str(w.message)]
+
+
+def test_a_native_step_that_differs_is_dropped_with_one_warning(monkeypatch):
+    """The check before the first step compares the native step with the fused torch path: a
+    kernel one ulp off leaves the torch path in use, and the bits stay the reference's."""
+    ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(3))
+    model = tiny_family_model("llama", max_position_embeddings=64)
+    real = kernels.rms_norm
+
+    def off_by_one_ulp(*args):
+        out = real(*args)
+        return np.nextafter(out, np.float32(np.inf))
+
+    monkeypatch.setattr(kernels, "rms_norm", off_by_one_ulp)
+    lm = PortableLM(model)
+    with pytest.warns(UserWarning, match="native llama step does not match"):
+        got = _run_all_ways(lm, ids)
+    assert lm.fused.native_step is False
+    monkeypatch.setenv(kernels.ENV, "reference")
+    for a, b in zip(got, _run_all_ways(PortableLM(model), ids), strict=True):
+        assert _same(a, b)
 
 
 def test_a_models_first_step_checks_its_step_kernels(monkeypatch):

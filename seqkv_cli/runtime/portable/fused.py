@@ -191,9 +191,11 @@ class FusedDecoder:
         return self._native_linear(out, attn.o_proj)[0]
 
     def steps_natively(self) -> bool:
-        """Whether `step` can run this model: every linear weight held in the store."""
+        """Whether `step` can run this model: every linear weight held in the store, in a
+        one-integer form (v2's two limbs keep the torch path)."""
         linears = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
-        return kernels.enabled() and all(self.weights.stored(m.weight) for m in linears)
+        held = all(self.weights.stored(m.weight) is not None for m in linears)
+        return kernels.enabled() and self.form != exact.PEAK2 and held
 
     def step(self, states, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`run` for one token a row (ids, positions (batch, 1)): the same logits and K/V."""
