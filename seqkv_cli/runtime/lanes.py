@@ -90,11 +90,18 @@ def zeros(typingctx):
 
 @intrinsic
 def load(typingctx, arr, i):
-    """arr[i..i+3] of an fp64 array."""
+    """arr[i..i+3] of an fp64 array, or of an fp32 one widened (exact)."""
+    wide = arr.dtype == types.float64
 
     def codegen(context, builder, sig, args):
-        return builder.load(_address(context, builder, sig.args[0], *args, _VD), align=8)
+        lane_type = _VD if wide else _VF
+        v = builder.load(
+            _address(context, builder, sig.args[0], *args, lane_type), align=8 if wide else 4
+        )
+        return v if wide else builder.fpext(v, _VD)
 
+    if arr.dtype not in (types.float64, types.float32):
+        return None
     return f64x4(arr, types.intp), codegen
 
 

@@ -17,6 +17,8 @@ import math
 import numpy as np
 from numba import njit
 
+from seqkv_cli.runtime import lanes
+
 # elementary._EXP_TERMS, the exp polynomial's length: a constant count unrolls the Horner loop, so
 # its callers vectorise. Were the two to differ, the canary's digest would refuse the kernels.
 EXP_TERMS = 14
@@ -24,6 +26,28 @@ EXP_TERMS = 14
 exact_flags = {"cache": True, "nogil": True}
 # Only reassociation: it vectorises an integer-valued sum, which it cannot change.
 sum_flags = {**exact_flags, "fastmath": {"reassoc"}}
+
+
+GROUP = 4 * lanes.LANES  # elements one pass of four lane accumulators takes
+
+
+@njit(**exact_flags)
+def integer_dot(x, w):
+    """Σ x·w of integer-valued rows (fp64, or fp32 w) whose every partial sum is below 2**53:
+    exact in any order (four accumulators of four lanes, then the tail)."""
+    n = x.shape[0]
+    a0 = a1 = a2 = a3 = lanes.zeros()
+    k = 0
+    while k + GROUP <= n:
+        a0 = lanes.fma(lanes.load(x, k), lanes.load(w, k), a0)
+        a1 = lanes.fma(lanes.load(x, k + 4), lanes.load(w, k + 4), a1)
+        a2 = lanes.fma(lanes.load(x, k + 8), lanes.load(w, k + 8), a2)
+        a3 = lanes.fma(lanes.load(x, k + 12), lanes.load(w, k + 12), a3)
+        k += GROUP
+    acc = lanes.total((a0 + a1) + (a2 + a3))
+    for t in range(k, n):
+        acc += x[t] * w[t]
+    return acc
 
 
 # 2**e for every normal exponent: a table lookup vectorises where a libm call would not.

@@ -16,6 +16,7 @@ from seqkv_cli.runtime.portable.jitted import (
     exact_flags,
     exp_parts,
     has_nan,
+    integer_dot,
     l1_exponent,
     pow2,
     row_exponent,
@@ -119,14 +120,6 @@ def softmax_weights(s, ex, ek, ev, qpos, spec, coef, c1, c2, c3, c4, c5, w, ew, 
                 out[j] = np.rint(buf[j] * down)
 
 
-@njit(inline="always", **sum_flags)
-def dot(a, b):  # integer-valued terms, every partial sum below 2**53: exact in any order
-    acc = 0.0
-    for i in range(a.shape[0]):
-        acc += a[i] * b[i]
-    return acc
-
-
 def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out, first, stop):
     """attention.attend for a few query rows (a step), products included: per (head,
     row) the query's limbs, its integer sums with the first n keys, the softmax weights as
@@ -149,9 +142,9 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out,
         buf = np.empty(n)
         for j in range(n):
             ej = e + ek[h, j]
-            sc = dot(x1, kq[h, j]) * pow2(ej)
+            sc = integer_dot(x1, kq[h, j]) * pow2(ej)
             if two:
-                sc = sc + dot(x2, kq[h, j]) * pow2(ej - kb)
+                sc = sc + integer_dot(x2, kq[h, j]) * pow2(ej - kb)
             sc = sc * scaling
             hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
             buf[j] = -math.inf if hidden else sc
@@ -162,10 +155,13 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out,
         acc2 = np.zeros(hd)
         for j in range(n):  # integer sums again: any order is exact
             w1 = np.rint(buf[j] * down)
-            w2 = np.rint((buf[j] - w1 * back) * rest) if two else 0.0
+            value = vq[h, j]
             for d in range(hd):
-                acc1[d] += w1 * vq[h, j, d]
-                acc2[d] += w2 * vq[h, j, d]
+                acc1[d] += w1 * value[d]
+            if two:  # v2's second limb; one-limb forms add nothing here
+                w2 = np.rint((buf[j] - w1 * back) * rest)
+                for d in range(hd):
+                    acc2[d] += w2 * value[d]
         hi, lo = pow2(ew), pow2(ew - vb)
         for d in range(hd):
             v = acc1[d] * hi + acc2[d] * lo if two else acc1[d] * hi

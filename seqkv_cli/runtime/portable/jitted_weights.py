@@ -27,11 +27,17 @@ from numba import njit
 
 from seqkv_cli.runtime import lanes
 from seqkv_cli.runtime.checkpoint.jitted_decode import BLOCKS, block_bindings, specialise
-from seqkv_cli.runtime.portable.jitted import exact_flags, pow2, quantize_row, sum_flags
+from seqkv_cli.runtime.portable.jitted import (
+    GROUP,
+    exact_flags,
+    integer_dot,
+    pow2,
+    quantize_row,
+    sum_flags,
+)
 
 ROWS_PER_TASK = 16  # weight rows one task of a product kernel takes (its own buffers)
 F16_TO_F32 = 2.0**112  # an fp16's bits moved into an fp32's fields, times this: its value
-GROUP = 4 * lanes.LANES  # elements one pass of the four accumulators takes
 
 
 @njit(inline="always", **exact_flags)
@@ -43,25 +49,6 @@ def affine_integers(c1, q, c0, whole):  # rint(fp32(c1·q + c0)): c1·q is exact
 @njit(inline="always", **exact_flags)
 def scaled_integers(c1, q, c0, whole):  # rint(c1·q): the value a·q is exact
     return c1 * q if whole else lanes.rint(c1 * q)
-
-
-@njit(**exact_flags)
-def int_dot(x, w):
-    """Σ x·w of integer-valued rows whose every partial sum is below 2**53: exact in any
-    order (four accumulators of four lanes, then the tail)."""
-    n = x.shape[0]
-    a0 = a1 = a2 = a3 = lanes.zeros()
-    k = 0
-    while k + GROUP <= n:
-        a0 = lanes.fma(lanes.load(x, k), lanes.load(w, k), a0)
-        a1 = lanes.fma(lanes.load(x, k + 4), lanes.load(w, k + 4), a1)
-        a2 = lanes.fma(lanes.load(x, k + 8), lanes.load(w, k + 8), a2)
-        a3 = lanes.fma(lanes.load(x, k + 12), lanes.load(w, k + 12), a3)
-        k += GROUP
-    acc = lanes.total((a0 + a1) + (a2 + a3))
-    for t in range(k, n):
-        acc += x[t] * w[t]
-    return acc
 
 
 # --- row functions: templates over a kind's bindings ----------------------------------------
@@ -183,7 +170,7 @@ def step(x, right, l1, raw, peak, bits, out, first, stop):
             else:
                 ints_row(raw[n], down, buf, c1, c0)  # noqa: F821
                 for m in range(m_rows):
-                    out[m, n] = int_dot(xq[m], buf) * (back[m] * col)
+                    out[m, n] = integer_dot(xq[m], buf) * (back[m] * col)
 
 
 def products(x, raw, peak, bits, out, first, stop):  # out (M, N): integer sums of x (M, K)
@@ -195,7 +182,7 @@ def products(x, raw, peak, bits, out, first, stop):  # out (M, N): integer sums 
         for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
             ints_row(raw[n], pow2(bits - peak[n]), buf, c1, c0)  # noqa: F821
             for m in range(m_rows):
-                out[m, n] = int_dot(x[m], buf)
+                out[m, n] = integer_dot(x[m], buf)
 
 
 _KERNELS = {"tile": tile, "step": step, "products": products}

@@ -375,7 +375,7 @@ def attend_rows(
     _run(
         _compiled()["attend_rows"],
         heads * rows,
-        heads * rows * n * hd * 4,
+        heads * rows * n * hd * 2,  # a multiply-add a key and dimension in each product
         _np(q),
         _np(state.kq[layer]),
         _np(state.ek[layer]).reshape(heads, cap),
