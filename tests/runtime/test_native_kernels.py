@@ -294,8 +294,43 @@ def test_a_failure_in_one_threads_range_is_raised(monkeypatch):
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     with pytest.raises(ValueError, match="boom"):
-        kernels._run(kernel, 10, kernels.PARALLEL_WORK)
+        kernels._run(kernel, 10, kernels.PARALLEL_WORK, step=True)
     assert sorted(ranges) == [(0, 2), (2, 5), (5, 7), (7, 10)]
-    pool = kernels._workers(3)  # sized by torch's threads: a call of fewer tasks keeps it
-    kernels._run(lambda first, stop: ranges.append((first, stop)), 2, kernels.PARALLEL_WORK)
-    assert kernels._workers(3) is pool and ranges[-2:] in ([(0, 1), (1, 2)], [(1, 2), (0, 1)])
+    pool = kernels._pool(4)  # sized by torch's threads: a call of fewer tasks keeps it
+    append = lambda first, stop: ranges.append((first, stop))  # noqa: E731
+    kernels._run(append, 2, kernels.PARALLEL_WORK_PARKED)
+    assert kernels._pool(4) is pool and ranges[-2:] in ([(0, 1), (1, 2)], [(1, 2), (0, 1)])
+    kernels._run(append, 2, kernels.PARALLEL_WORK)  # a small kernel that is not a step: alone
+    assert ranges[-1] == (0, 2)
+
+
+def test_workers_take_jobs_spinning_parked_and_after_a_close():
+    """Jobs reach a worker that spins (after a step's job) and one that parked (after any
+    other, or an idle while); a closed set ends its threads; a second caller runs alone."""
+    import threading
+
+    from seqkv_cli.runtime.portable.workers import Workers
+
+    workers = Workers(1)
+    seen = []
+
+    def job(tag, first, stop):
+        seen.append((tag, first, stop))
+
+    def jobs():
+        for i in range(200):
+            workers.run(job, (i,), [0, 1, 2], linger=i % 3 == 0)
+
+    runner = threading.Thread(target=jobs, daemon=True)
+    runner.start()
+    runner.join(60)  # a lost wake-up would hang here
+    assert not runner.is_alive()
+    assert sorted(seen) == sorted((i, a, a + 1) for i in range(200) for a in (0, 1))
+    with workers.busy:  # another caller holds them: this one runs its whole range alone
+        workers.run(job, ("alone",), [0, 1, 2])
+    assert seen[-1] == ("alone", 0, 2)
+    threads = [w.thread for w in workers.workers]
+    workers.close()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)

@@ -30,7 +30,6 @@ import contextlib
 import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -86,51 +85,49 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
 PEAK_CHUNK = 1 << 20
 
 # Work (multiply-adds, or elements weighted by what each costs) from which a kernel runs on all
-# threads: below it, waking a sleeping thread and waiting for it costs more than it saves (a
-# hand-off took ~0.17 ms on a 2-core VM: docs/BENCHMARKS_LOG.md, "The exact step").
-PARALLEL_WORK = 1 << 21
+# threads: below it, handing a range to a worker costs more than it saves. A step's kernels
+# find the workers spinning (~15 us a hand-off); other kernels find them parked (~0.17 ms to
+# wake one on a 2-core VM: `workers`).
+PARALLEL_WORK = 1 << 18
+PARALLEL_WORK_PARKED = 1 << 21
 TILE_ELEMENT_WORK = 4  # a tile element is a block decoded and rounded: a few operations
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (its threads, the pool)
-_pool_lock = threading.Lock()
+_workers: tuple[int, object] | None = None  # (torch's thread count, its `workers.Workers`)
+_workers_lock = threading.Lock()
 
 
-def _workers(n: int) -> ThreadPoolExecutor:
-    """A pool of ``n`` threads besides the caller's, made again when torch's thread count
-    changes. An old pool is not shut down (a caller on another thread may still be handing
-    it work): its threads end once no one holds it."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != n:
-            _pool = (n, ThreadPoolExecutor(n, thread_name_prefix="seqkv-kernel"))
-        return _pool[1]
+def _pool(threads: int):
+    """The workers beside the caller for ``threads`` threads, made again when torch's thread
+    count changes (the old ones end once a caller still on them is done)."""
+    global _workers
+    with _workers_lock:
+        if _workers is None or _workers[0] != threads:
+            from seqkv_cli.runtime.portable.workers import Workers
+
+            old, _workers = _workers, (threads, Workers(threads - 1))
+            if old is not None:
+                old[1].close()
+        return _workers[1]
 
 
-def _forget_pool() -> None:  # a forked child has the pool object but none of its threads
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+def _forget_workers() -> None:  # a forked child has the objects but none of their threads
+    global _workers, _workers_lock
+    _workers, _workers_lock = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+os.register_at_fork(after_in_child=_forget_workers)
 
 
-def _run(kernel, tasks: int, work: int, *args) -> None:
+def _run(kernel, tasks: int, work: int, *args, step: bool = False) -> None:
     """``kernel(*args, first, stop)`` over its ``tasks`` independent tasks: in one call, or,
     where the work pays for it, in torch's number of threads, one contiguous range of tasks
     each (the kernels release the GIL). Each task writes its own outputs, so the bits do not
-    depend on the split."""
+    depend on the split. A kernel of a `step` keeps the workers spinning for the next one."""
     threads = torch.get_num_threads()
     n = min(threads, tasks)
-    if n <= 1 or work < PARALLEL_WORK:
+    if n <= 1 or work < (PARALLEL_WORK if step else PARALLEL_WORK_PARKED):
         kernel(*args, 0, tasks)
         return
-    bounds = [tasks * i // n for i in range(n + 1)]
-    pool = _workers(threads - 1)  # sized by torch's count, not by this call's tasks
-    rest = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(1, n)]
-    try:
-        kernel(*args, bounds[0], bounds[1])
-    finally:
-        for done in rest:
-            done.result()
+    _pool(threads).run(kernel, args, [tasks * i // n for i in range(n + 1)], linger=step)
 
 
 def _weight_tasks(rows: int) -> int:
@@ -207,7 +204,8 @@ def stored_step(
     out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
     work = out.size * xs.shape[1]
     step = _stored(stored.kind.name, "step")
-    _run(step, _weight_tasks(out.shape[1]), work, xs, right, l1, stored.raw, peaks, bits, out)
+    tasks = _weight_tasks(out.shape[1])
+    _run(step, tasks, work, xs, right, l1, stored.raw, peaks, bits, out, step=True)
     return out if isinstance(x, np.ndarray) else torch.from_numpy(out)
 
 
@@ -218,7 +216,8 @@ def stored_products(x: torch.Tensor, stored, peaks: np.ndarray, bits: int) -> to
     out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
     products = _stored(stored.kind.name, "products")
     work = out.size * xs.shape[1]
-    _run(products, _weight_tasks(out.shape[1]), work, xs, stored.raw, peaks, bits, out)
+    tasks = _weight_tasks(out.shape[1])
+    _run(products, tasks, work, xs, stored.raw, peaks, bits, out, step=True)
     return torch.from_numpy(out)
 
 
@@ -386,6 +385,7 @@ def attend_rows(
         spec,
         *constants,
         out,
+        step=True,
     )
     return torch.from_numpy(out)
 
