@@ -26,6 +26,7 @@ BENCHES = [
     "studies.contention",
     "studies.definition_sweep",
     "studies.drafts",
+    "studies.exact_step",
     "studies.first_run",
     "studies.foreign_residual",
     "gpu.check",
@@ -144,6 +145,27 @@ def test_siblings(model, tmp_path):
     [row] = run_bench("studies.siblings", args, tmp_path)["rows"]
     assert (row["alone"]["sessions"], row["together"]["sessions"]) == (1, 2)
     assert row["together"]["positions"] == 32 and row["positions_ratio"] > 0
+
+
+def test_exact_step(tmp_path):
+    """A tiny GGUF through capture, compress and a restore as whole processes (llama.cpp's
+    steps need the `llamacpp` extra): bit-exact, and the multiply-adds of one token counted
+    from the file's 2-D weights (a tied embedding counts as the output)."""
+    from transformers import AutoConfig
+
+    from bench.real_shapes import byte_tokenizer, write_gguf
+
+    values = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    values |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320}
+    config = AutoConfig.for_model("llama", max_position_embeddings=16384, **values)
+    config.tie_word_embeddings = True
+    gguf = write_gguf(config, tmp_path / "tiny.gguf", qtype="Q8_0", tokenizer=byte_tokenizer(320))
+    args = ["--models", str(gguf), "--tokens", "40", "--steps", "capture,compress,decompress"]
+    [row] = run_bench("studies.exact_step", args, tmp_path)["models"]
+    assert row["steps"]["decompress"]["bit_exact"] is True
+    per_layer = 64 * (64 + 32 + 32) + 64 * 64 + 3 * 64 * 128
+    assert row["multiply_adds"] == 2 * per_layer + 320 * 64
+    assert row["restore_ms_a_token"] > 0
 
 
 @pytest.mark.slow
