@@ -134,8 +134,8 @@ class FusedDecoder:
     # A step (every row one token: decoding, trie rows in lockstep) runs the same operations
     # in the same order with no torch op between the products: the products, the norms and
     # SiLU are native kernels, the rest single numpy operations on fp32 or fp64 rows (each one
-    # correctly rounded, as torch's are). `run` takes it once `step_agrees` has compared it
-    # with the torch path on this machine.
+    # correctly rounded, as torch's are). `run` takes it once `PortableLM._step_check` has
+    # compared it with the torch path on this machine.
 
     def _native_linear(self, x: np.ndarray, *modules) -> list[np.ndarray]:
         """`_linear` of fp32 rows x (M, K): each module's fp32 output (M, N)."""

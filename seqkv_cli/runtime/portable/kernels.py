@@ -86,8 +86,8 @@ PEAK_CHUNK = 1 << 20
 
 # Work (multiply-adds, or elements weighted by what each costs) from which a kernel runs on all
 # threads: below it, handing a range to a worker costs more than it saves. A step's kernels
-# find the workers spinning (~15 us a hand-off); other kernels find them parked (~0.17 ms to
-# wake one on a 2-core VM: `workers`).
+# find the workers spinning (a hand-off in microseconds); other kernels find them parked, and
+# waking one costs much more (`workers`; measured in docs/BENCHMARKS_LOG.md).
 PARALLEL_WORK = 1 << 18
 PARALLEL_WORK_PARKED = 1 << 21
 TILE_ELEMENT_WORK = 4  # a tile element is a block decoded and rounded: a few operations

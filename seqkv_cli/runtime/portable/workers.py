@@ -2,13 +2,13 @@
 
 A step is some hundred native calls of a fraction of a millisecond each, so handing half of
 one to another thread must cost far less than that. A thread that sleeps on a lock or a
-queue costs a wake-up: about 0.17 ms on a 2-core VM here (docs/BENCHMARKS_LOG.md, "The exact
-step"), which made two threads slower than one. These workers wait for a job by spinning in
-native code that holds no GIL, on a sequence number in memory, for a short while after each
-job; only then do they park on a condition (the next job wakes them the slow way). Every
-hand-over happens where the other side holds no GIL: the caller posts from inside a native
-call and a worker reports done from inside the one it waits in, so neither waits for the GIL
-the other holds.
+queue costs a wake-up, which on a small VM made two threads slower than one (measured in
+docs/BENCHMARKS_LOG.md, "The exact step"). These workers wait for a job by spinning in native
+code that holds no GIL, on a sequence number in memory, for a while after a step's job; only
+then do they park on a condition (the next job wakes them the slow way). No side should sleep
+on the GIL the other holds: the caller posts from a native call and then enters its own range,
+a worker that sees a job spins a moment longer before it takes the GIL (the caller is then in
+native code), and reports done from inside the native call it waits in.
 
 Imported on first use (it compiles its numba functions). A fork forgets the workers; a second
 caller while the workers are busy runs its call alone; `close` ends them.
@@ -27,13 +27,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 _POSTED, _DONE = 0, 8  # indices into a board: the two sequence numbers, 64 bytes apart
-# Loads a worker spins for the next job before it parks (~1.5 ms here) after a job of a step,
-# whose products follow each other closer than that; after other jobs (a prefill's tiles,
-# between BLAS products that want the core) it parks at once.
+# Loads a worker spins for the next job before it parks after a job of a step (about a
+# millisecond: a step's products follow each other closer than that); after other jobs (a
+# prefill's tiles, between BLAS products that want the core) it parks at once.
 _SPINS = 1 << 21
 # Loads a worker spins after a job is posted before it takes the GIL for it: time for the
-# caller to enter its own range's native call, so the two never wait for the GIL (a thread
-# that does sleeps on it, and wakes a tenth of a millisecond later).
+# caller to enter its own range's native call (a thread that waits for the GIL sleeps on it).
 _GRACE = 1 << 14
 _flags = {"cache": True, "nogil": True}
 _YIELD_EVERY = 1 << 12  # loads between offers of the core to another runnable thread
