@@ -100,7 +100,16 @@ class PortableState:
         self.form = form  # queries' and softmax weights' form (the definition's version)
         self.capacity = capacity
         self.length = 0
-        self.pending = 0  # positions being written by the call in progress
+        self._arrays = None  # `arrays()`
+
+    def arrays(self) -> tuple:
+        """numpy views of (keys, values, kq, ek, vq, ev), made once: a step's native kernels
+        read and write the cache through them (CPU states only)."""
+        if self._arrays is None:
+            self._arrays = tuple(
+                getattr(self, n).numpy() for n in ("keys", "values", "kq", "ek", "vq", "ev")
+            )
+        return self._arrays
 
     def layer_kv(self, layer: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer's first ``n`` positions (default: all), (kv_heads, n, head_dim),

@@ -57,6 +57,7 @@ class FusedDecoder:
         # Whether `run` takes `step` for one token a row: None until PortableLM has compared
         # the two on this machine, before the first step (`PortableLM._step_check`).
         self.native_step: bool | None = None
+        self._held: dict = {}  # module -> what a step reads of it (`_hold`)
 
     # -- the reference's operations, one by one ------------------------------------------
 
@@ -132,43 +133,45 @@ class FusedDecoder:
     # -- a step: one token a row, the same operations on numpy rows ------------------------
     #
     # A step (every row one token: decoding, trie rows in lockstep) runs the same operations
-    # in the same order with no torch op between the products: the products, the norms and
-    # SiLU are native kernels, the rest single numpy operations on fp32 or fp64 rows (each one
-    # correctly rounded, as torch's are). `run` takes it once `PortableLM._step_check` has
-    # compared it with the torch path on this machine.
+    # in the same order with no torch op between the products: the products, the norms, SiLU
+    # and a layer's attention (its rotary, cache write and attend) are native kernels, the
+    # rest single numpy operations on fp32 or fp64 rows (each one correctly rounded, as
+    # torch's are). What a step reads of each module is looked up once (`_hold`): a step runs
+    # hundreds of them. `run` takes it once `PortableLM._step_check` has compared it with the
+    # torch path on this machine.
 
     def _native_linear(self, x: np.ndarray, *modules) -> list[np.ndarray]:
         """`_linear` of fp32 rows x (M, K): each module's fp32 output (M, N)."""
         bits = exact.right_bits(x.shape[-1], self.form)
+        l1 = self.form == exact.L1
         outs = []
         for module in modules:
-            part = self.weights.stored(module.weight)
-            self.weights.before_step(part.kind.name, self.form)
-            out = kernels.stored_step(
-                np.ascontiguousarray(x),
-                bits,
-                self.form == exact.L1,
-                part,
-                self.weights.peaks(part),
-                bits,
-            )
-            if module.bias is not None:
-                out = out + module.bias.detach().numpy().astype(np.float64)
+            part, peaks, bias = self._held.get(module) or self._hold(module)
+            out = kernels.stored_step(x, bits, l1, part, peaks, bits)
+            if bias is not None:
+                out = out + bias
             outs.append(out.astype(np.float32))
         return outs
 
-    @staticmethod
-    def _native_norm(x: np.ndarray, module) -> np.ndarray:
-        weight = module.weight.detach().numpy()
-        rows = x.reshape(-1, x.shape[-1])
-        eps = np.float32(module.variance_epsilon)
-        return kernels.rms_norm(np.ascontiguousarray(rows), weight, eps).reshape(x.shape)
+    def _hold(self, module) -> tuple:
+        """What a step's product of ``module`` reads, looked up once a process: its stored
+        weight (the canary's step check run for its kind first), row peaks and fp64 bias.
+        Norms likewise: their fp32 weight and epsilon."""
+        if isinstance(module, torch.nn.Linear):
+            part = self.weights.stored(module.weight)
+            self.weights.before_step(part.kind.name, self.form)
+            bias = module.bias
+            bias = None if bias is None else bias.detach().numpy().astype(np.float64)
+            held = (part, self.weights.peaks(part), bias)
+        else:
+            held = (module.weight.detach().numpy(), np.float32(module.variance_epsilon))
+        self._held[module] = held
+        return held
 
-    @staticmethod
-    def _native_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        half = x.shape[-1] // 2
-        rotated = np.concatenate((-x[..., half:], x[..., :half]), axis=-1)
-        return (x * cos) + (rotated * sin)
+    def _native_norm(self, x: np.ndarray, module) -> np.ndarray:
+        weight, eps = self._held.get(module) or self._hold(module)
+        rows = x.reshape(-1, x.shape[-1])
+        return kernels.rms_norm(np.ascontiguousarray(rows), weight, eps).reshape(x.shape)
 
     def _native_attention(self, layer, attn, x, cos, sin, states) -> np.ndarray:
         rows, hd = x.shape[0], attn.head_dim
@@ -178,16 +181,13 @@ class FusedDecoder:
         )
         if hasattr(attn, "q_norm"):
             q, k = self._native_norm(q, attn.q_norm), self._native_norm(k, attn.k_norm)
-        q = self._native_rotate(q, cos[:, None, :], sin[:, None, :])
-        k = self._native_rotate(k, cos[:, None, :], sin[:, None, :])
         window = self._window(attn)
         out = np.empty((rows, q.shape[1] * hd), dtype=np.float32)
         for row, state in enumerate(states):
-            kr, vr = torch.from_numpy(k[row][:, None, :]), torch.from_numpy(v[row][:, None, :])
-            state.write(layer, kr, vr)
-            qr = torch.from_numpy(np.ascontiguousarray(q[row][:, None, :]))
-            att = attend(state, layer, qr, attn.scaling, window, None)
-            out[row] = att.numpy().astype(np.float32).reshape(-1)
+            att = kernels.step_attention(
+                q[row], k[row], v[row], cos[row], sin[row], state, layer, window, attn.scaling
+            )
+            out[row] = att.reshape(-1)  # rounded to fp32, as the torch path's .to(q.dtype)
         return self._native_linear(out, attn.o_proj)[0]
 
     def steps_natively(self) -> bool:

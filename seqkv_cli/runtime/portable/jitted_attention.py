@@ -1,5 +1,6 @@
-"""The numba code of the attention kernels (`kernels.softmax_weights`, `kernels.attend_rows`):
-`attention.attend` between its two products, or a whole step's, per (head, query row).
+"""The numba code of the attention kernels (`kernels.softmax_weights`, `kernels.attend_rows`,
+`kernels.step_attention`): `attention.attend` between its two products, or a whole step's, per
+(head, query row), and a step's rotary and cache write before it.
 
 Built from `jitted`'s pieces (exp's reduction, the row exponents), so every value is the
 reference's step for step; compiled on first use, like `jitted`.
@@ -19,6 +20,7 @@ from seqkv_cli.runtime.portable.jitted import (
     integer_dot,
     l1_exponent,
     pow2,
+    quantize_row,
     row_exponent,
     sum_flags,
 )
@@ -168,4 +170,35 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out,
             out[h, r, d] = v / total
 
 
-KERNELS = {fn.__name__: njit(**exact_flags)(fn) for fn in (softmax_weights, attend_rows)}
+def rotate_store(q, k, v, cos, sin, keys, values, kq, ek, vq, ev, p0, kbits, vbits, qout):
+    """A step's rotary and K/V write for one sequence and layer, step for step as the fused
+    decoder's numpy rows and `PortableState.write` do them: q (heads, hd) and k (kv_heads,
+    hd) rotated in fp32 (``x·cos + rotate_half(x)·sin``, each product and the sum rounded to
+    fp32), the rotated keys and the values written at position p0 of the layer's cache with
+    their integers and exponents (`exact.quantize_rows`), and the rotated queries into qout
+    as fp64 (kv_heads, groups, hd): what `attend_rows` reads."""
+    kvh, hd = k.shape
+    groups = q.shape[0] // kvh
+    half = hd // 2
+    row = np.empty(hd, dtype=np.float32)
+    ints = np.empty(hd)
+    for h in range(kvh):
+        for d in range(hd):
+            r = -k[h, d + half] if d < half else k[h, d - half]
+            row[d] = k[h, d] * cos[d] + r * sin[d]
+        keys[h, p0] = row
+        ek[h, p0, 0] = quantize_row(row, kbits, False, ints)
+        kq[h, p0] = ints
+        values[h, p0] = v[h]
+        ev[h, p0, 0] = quantize_row(v[h], vbits, False, ints)
+        vq[h, p0] = ints
+        for g in range(groups):
+            x = q[h * groups + g]
+            for d in range(hd):
+                r = -x[d + half] if d < half else x[d - half]
+                qout[h, g, d] = np.float64(x[d] * cos[d] + r * sin[d])
+
+
+KERNELS = {
+    fn.__name__: njit(**exact_flags)(fn) for fn in (softmax_weights, attend_rows, rotate_store)
+}

@@ -346,6 +346,46 @@ def softmax_weights(
     return as_t(w), as_t(ew).view(heads, rows, 1), as_t(total).view(heads, rows, 1)
 
 
+def step_attention(q, k, v, cos, sin, state, layer: int, window, scaling: float) -> np.ndarray:
+    """A step's attention for one sequence and layer, from its projections to its output, in
+    two native calls: the rotary and the cache write (`PortableState.write`'s bits), then
+    `attend_rows` over the positions so far. q (heads, hd), k and v (kv_heads, hd), cos and
+    sin (hd,): fp32 numpy rows. Returns fp64 (heads, hd)."""
+    kvh, hd = k.shape
+    groups = q.shape[0] // kvh
+    p0, arrays = state.length, state.arrays()
+    keys, values, kq, ek, vq, ev = (a[layer] for a in arrays)
+    qg = np.empty((kvh, groups, hd))
+    _compiled()["rotate_store"](
+        q, k, v, cos, sin, keys, values, kq, ek, vq, ev, p0, state.key_bits, state.value_bits, qg
+    )
+    out = np.empty((kvh, groups, hd))
+    n, cap = p0 + 1, state.capacity
+    _run(
+        _compiled()["attend_rows"],
+        kvh * groups,
+        kvh * groups * n * hd * 2,
+        qg,
+        kq,
+        ek.reshape(kvh, cap),
+        vq,
+        ev.reshape(kvh, cap),
+        n,
+        np.full(groups, p0, dtype=np.int64),
+        _attention_spec(state, window, scaling),
+        *elementary.EXP_KERNEL,
+        out,
+        step=True,
+    )
+    return out.reshape(kvh * groups, hd)
+
+
+def _attention_spec(state, window: int | None, scaling: float) -> tuple:
+    """What `attend_rows` reads of a state's widths, the window, form and scaling."""
+    w = -1.0 if window is None else float(window)
+    return (*map(float, state.bits), w, float(state.form), scaling)
+
+
 def attend_rows(
     q: torch.Tensor,
     state,
@@ -364,12 +404,7 @@ def attend_rows(
     """
     heads, rows, hd = q.shape
     out = np.empty((heads, rows, hd))
-    spec = (
-        *map(float, state.bits),
-        -1.0 if window is None else float(window),
-        float(state.form),
-        scaling,
-    )
+    spec = _attention_spec(state, window, scaling)
     cap = state.capacity
     _run(
         _compiled()["attend_rows"],
