@@ -31,7 +31,9 @@ sum_flags = {**exact_flags, "fastmath": {"reassoc"}}
 GROUP = 4 * lanes.LANES  # elements one pass of four lane accumulators takes
 
 
-@njit(**exact_flags)
+# Inlined: called once a key in a step's attention (a head's 64 to 128 terms), a call and
+# its array arguments cost three times the sum itself.
+@njit(inline="always", **exact_flags)
 def integer_dot(x, w):
     """Σ x·w of integer-valued rows (fp64, or fp32 w) whose every partial sum is below 2**53:
     exact in any order (four accumulators of four lanes, then the tail)."""

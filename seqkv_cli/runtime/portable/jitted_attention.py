@@ -130,7 +130,7 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out,
     kbits, vbits, pbits, window, form, scaling = spec
     kb, vb, pb, wnd = int(kbits), int(vbits), int(pbits), int(window)
     two, l1 = form == 2.0, form == 3.0  # exact.PEAK2, exact.L1
-    vscale = powers_of(ev[:, :n])
+    vscale = np.empty(n)
     for t in range(first, stop):  # of heads * rows
         h = t // rows
         r = t - h * rows
@@ -141,23 +141,27 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out,
         for d in range(hd):
             x1[d] = np.rint(q[h, r, d] * down)
             x2[d] = np.rint((q[h, r, d] - x1[d] * back) * rest)
+        keys, kexp, vexp = kq[h], ek[h], ev[h]
+        for j in range(n):
+            vscale[j] = pow2(vexp[j])
         buf = np.empty(n)
         for j in range(n):
-            ej = e + ek[h, j]
-            sc = integer_dot(x1, kq[h, j]) * pow2(ej)
+            ej = e + kexp[j]
+            sc = integer_dot(x1, keys[j]) * pow2(ej)
             if two:
-                sc = sc + integer_dot(x2, kq[h, j]) * pow2(ej - kb)
+                sc = sc + integer_dot(x2, keys[j]) * pow2(ej - kb)
             sc = sc * scaling
             hidden = j > qpos[r] or (wnd >= 0 and qpos[r] - j >= wnd)
             buf[j] = -math.inf if hidden else sc
-        total = value_weights(buf, vscale[h], pb, coef, c1, c2, c3, c4, c5)
+        total = value_weights(buf, vscale, pb, coef, c1, c2, c3, c4, c5)
         ew = l1_exponent(buf, vb) if l1 else row_exponent(buf, vb)
         down, back, rest = pow2(-ew), pow2(ew), pow2(vb - ew)
         acc1 = np.zeros(hd)
         acc2 = np.zeros(hd)
+        values = vq[h]
         for j in range(n):  # integer sums again: any order is exact
             w1 = np.rint(buf[j] * down)
-            value = vq[h, j]
+            value = values[j]
             for d in range(hd):
                 acc1[d] += w1 * value[d]
             if two:  # v2's second limb; one-limb forms add nothing here
