@@ -99,54 +99,54 @@ def lanes_q8_0(row, blk, r, j):
     return lanes.signed_bytes(row, blk * 34 + 2 + j)
 
 
+# Q4_0 and Q4_1: one run of 32, the low nibbles of the 16 bytes (elements 0..15), then the
+# high ones: one scale a block, so one run's set-up a block, not two.
 @njit(**inline)
-def scales_q4_0(row, blk, down, c1, c0):  # runs: the low nibbles, then the high ones
-    c1[0] = c1[1] = half(row[blk * 18], row[blk * 18 + 1]) * down
+def scales_q4_0(row, blk, down, c1, c0):
+    c1[0] = half(row[blk * 18], row[blk * 18 + 1]) * down
 
 
 @njit(**inline)
 def lanes_q4_0(row, blk, r, j):
-    return lanes.bytes_field(row, blk * 18 + 2 + j, 4 * r, 15) - lanes.splat(8.0)
+    return lanes.bytes_field(row, blk * 18 + 2 + (j & 15), 4 * (j >> 4), 15) - lanes.splat(8.0)
 
 
 @njit(**inline)
 def scales_q4_1(row, blk, down, c1, c0):
     o = blk * 20
-    c1[0] = c1[1] = half(row[o], row[o + 1]) * down
-    c0[0] = c0[1] = half(row[o + 2], row[o + 3]) * down
+    c1[0] = half(row[o], row[o + 1]) * down
+    c0[0] = half(row[o + 2], row[o + 3]) * down
 
 
 @njit(**inline)
 def lanes_q4_1(row, blk, r, j):
-    return lanes.bytes_field(row, blk * 20 + 4 + j, 4 * r, 15)
+    return lanes.bytes_field(row, blk * 20 + 4 + (j & 15), 4 * (j >> 4), 15)
 
 
 @njit(**inline)
-def scales_q5_0(row, blk, down, c1, c0):
-    c1[0] = c1[1] = half(row[blk * 22], row[blk * 22 + 1]) * down
+def scales_q5_0(row, blk, down, c1, c0):  # one run of 32, as Q4_0
+    c1[0] = half(row[blk * 22], row[blk * 22 + 1]) * down
 
 
 @njit(**inline)
-def lanes_q5_0(row, blk, r, j):  # a nibble, and bit 16·r + j of the 32-bit word as its fifth
+def lanes_q5_0(row, blk, r, j):  # a nibble, and bit j of the 32-bit word as its fifth
     o = blk * 22
-    q = lanes.bytes_field(row, o + 6 + j, 4 * r, 15)
-    return lanes.fma(lanes.word_bits(row, o + 2, 16 * r + j), lanes.splat(16.0), q) - lanes.splat(
-        16.0
-    )
+    q = lanes.bytes_field(row, o + 6 + (j & 15), 4 * (j >> 4), 15)
+    return lanes.fma(lanes.word_bits(row, o + 2, j), lanes.splat(16.0), q) - lanes.splat(16.0)
 
 
 @njit(**inline)
-def scales_q5_1(row, blk, down, c1, c0):
+def scales_q5_1(row, blk, down, c1, c0):  # one run of 32, as Q4_1
     o = blk * 24
-    c1[0] = c1[1] = half(row[o], row[o + 1]) * down
-    c0[0] = c0[1] = half(row[o + 2], row[o + 3]) * down
+    c1[0] = half(row[o], row[o + 1]) * down
+    c0[0] = half(row[o + 2], row[o + 3]) * down
 
 
 @njit(**inline)
 def lanes_q5_1(row, blk, r, j):
     o = blk * 24
-    q = lanes.bytes_field(row, o + 8 + j, 4 * r, 15)
-    return lanes.fma(lanes.word_bits(row, o + 4, 16 * r + j), lanes.splat(16.0), q)
+    q = lanes.bytes_field(row, o + 8 + (j & 15), 4 * (j >> 4), 15)
+    return lanes.fma(lanes.word_bits(row, o + 4, j), lanes.splat(16.0), q)
 
 
 @njit(**inline)
@@ -259,10 +259,10 @@ class Blocks:
 
 BLOCKS = {
     "q8_0": Blocks(32, 32, False, scales_q8_0, lanes_q8_0),
-    "q4_0": Blocks(32, 16, False, scales_q4_0, lanes_q4_0),
-    "q4_1": Blocks(32, 16, True, scales_q4_1, lanes_q4_1),
-    "q5_0": Blocks(32, 16, False, scales_q5_0, lanes_q5_0),
-    "q5_1": Blocks(32, 16, True, scales_q5_1, lanes_q5_1),
+    "q4_0": Blocks(32, 32, False, scales_q4_0, lanes_q4_0),
+    "q4_1": Blocks(32, 32, True, scales_q4_1, lanes_q4_1),
+    "q5_0": Blocks(32, 32, False, scales_q5_0, lanes_q5_0),
+    "q5_1": Blocks(32, 32, True, scales_q5_1, lanes_q5_1),
     "q2_k": Blocks(256, 16, True, scales_q2_k, lanes_q2_k),
     "q3_k": Blocks(256, 16, False, scales_q3_k, lanes_q3_k),
     "q4_k": Blocks(256, 32, True, scales_q4_k, lanes_q4_k),
