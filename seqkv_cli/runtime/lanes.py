@@ -146,6 +146,32 @@ def bytes_field(typingctx, arr, i, shift, mask):
 
 
 @intrinsic
+def five_bits(typingctx, arr, i, shift, w, first, offset):
+    """Q5_0/Q5_1's quants minus ``offset``, as fp64: ``(b >> shift) & 15`` of the four bytes b
+    at arr[i..i+3] with bits first..first+3 of the little-endian 32-bit word at arr[w..w+3]
+    as their fifth bits, one a lane — put together as integers, then widened once."""
+
+    def codegen(context, builder, sig, args):
+        vb = ir.VectorType(ir.IntType(8), LANES)
+        b = builder.zext(
+            builder.load(_address(context, builder, sig.args[0], *args[:2], vb), align=1), _VI
+        )
+        shift_ = _vector(builder, _VI, builder.trunc(args[2], _I32))
+        low = builder.and_(builder.lshr(b, shift_), _ints([15] * LANES))
+        word = builder.load(
+            _address(context, builder, sig.args[0], args[0], args[3], _I32), align=1
+        )
+        first_ = _vector(builder, _VI, builder.trunc(args[4], _I32))
+        bit = builder.lshr(_vector(builder, _VI, word), builder.add(first_, _ints(range(LANES))))
+        high = builder.shl(builder.and_(bit, _ints([1] * LANES)), _ints([4] * LANES))
+        q = builder.sub(builder.or_(low, high), _vector(builder, _VI, builder.trunc(args[5], _I32)))
+        return builder.sitofp(q, _VD)
+
+    i = types.intp
+    return f64x4(arr, i, i, i, i, i), codegen
+
+
+@intrinsic
 def signed_bytes(typingctx, arr, i):
     """The four bytes at arr[i..i+3] (a uint8 array) read as int8, as fp64."""
 
@@ -155,21 +181,6 @@ def signed_bytes(typingctx, arr, i):
         return builder.sitofp(builder.sext(b, _VI), _VD)
 
     return f64x4(arr, types.intp), codegen
-
-
-@intrinsic
-def word_bits(typingctx, arr, i, first):
-    """Bits first..first+3 of the little-endian 32-bit word at arr[i..i+3] (a uint8 array),
-    one a lane, as fp64 0 or 1 (Q5_0/Q5_1's fifth bits)."""
-
-    def codegen(context, builder, sig, args):
-        word = builder.load(_address(context, builder, sig.args[0], *args[:2], _I32), align=1)
-        first_ = _vector(builder, _VI, builder.trunc(args[2], _I32))
-        shift = builder.add(first_, _ints(range(LANES)))
-        bits = builder.and_(builder.lshr(_vector(builder, _VI, word), shift), _ints([1] * LANES))
-        return builder.sitofp(bits, _VD)
-
-    return f64x4(arr, types.intp, types.intp), codegen
 
 
 @intrinsic

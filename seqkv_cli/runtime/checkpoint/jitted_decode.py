@@ -131,8 +131,7 @@ def scales_q5_0(row, blk, down, c1, c0):  # one run of 32, as Q4_0
 @njit(**inline)
 def lanes_q5_0(row, blk, r, j):  # a nibble, and bit j of the 32-bit word as its fifth
     o = blk * 22
-    q = lanes.bytes_field(row, o + 6 + (j & 15), 4 * (j >> 4), 15)
-    return lanes.fma(lanes.word_bits(row, o + 2, j), lanes.splat(16.0), q) - lanes.splat(16.0)
+    return lanes.five_bits(row, o + 6 + (j & 15), 4 * (j >> 4), o + 2, j, 16)
 
 
 @njit(**inline)
@@ -145,8 +144,7 @@ def scales_q5_1(row, blk, down, c1, c0):  # one run of 32, as Q4_1
 @njit(**inline)
 def lanes_q5_1(row, blk, r, j):
     o = blk * 24
-    q = lanes.bytes_field(row, o + 8 + (j & 15), 4 * (j >> 4), 15)
-    return lanes.fma(lanes.word_bits(row, o + 4, j), lanes.splat(16.0), q)
+    return lanes.five_bits(row, o + 8 + (j & 15), 4 * (j >> 4), o + 4, j, 0)
 
 
 @njit(**inline)
