@@ -36,7 +36,10 @@ MAX_TENSOR_NAME = 63  # bytes; ggml's GGML_MAX_NAME (64) with its NUL: llama.cpp
 MAX_KEY = 1024  # bytes of a metadata key
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_ALIGNMENT = 1 << 20
-MAX_STRING_ARRAY = 1 << 21  # strings in one array: gguf-py holds ~2 Python objects per string
+# Strings in all arrays together: gguf-py's reader (which transformers uses) holds ~1.6 KB of
+# Python objects per string, so a file of empty strings would cost ~200 times its size; real
+# files hold up to ~410k (a 128k vocabulary and its 280k merges).
+MAX_STRINGS = 1 << 20
 MAX_CONTEXT = 1 << 24
 MAX_HEAD_DIM = 1 << 16  # key/value length and rope dimensions: transformers makes real buffers
 KEPT_ARRAY = 4096  # numeric arrays up to this length keep their values (per-layer counts)
@@ -73,8 +76,13 @@ def _tensor_types() -> dict[int, tuple[str, int, int]]:
     the ones gguf-py dequantizes (`gguf.quants.dequantize`); integer and f64 tensors are not
     weights it loads."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import _type_traits
 
+    from seqkv_cli.runtime.checkpoint.formats import BY_GGUF_TYPE
+
+    try:  # gguf-py's table of the types it dequantizes (a private name: fall back if it moves)
+        from gguf.quants import _type_traits
+    except ImportError:
+        _type_traits = [GGMLQuantizationType(t) for t in BY_GGUF_TYPE]
     readable = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits}
     return {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in readable if t in GGML_QUANT_SIZES}
 
@@ -154,6 +162,7 @@ class _Reader:
 
     def __init__(self, buf, size: int, source: str) -> None:
         self.buf, self.size, self.source, self.pos = buf, size, source, 0
+        self.strings_left = MAX_STRINGS  # in arrays, over the whole file
 
     def fail(self, what: str) -> SeqkvError:
         return SeqkvError(f"{self.source}: {what}")
@@ -307,11 +316,17 @@ def _value(r: _Reader, key: str):
     count = r.u64(f"the length of {_quoted(key)}")
     left = r.size - r.pos
     if element == STRING:
-        if count > left // 8 or count > MAX_STRING_ARRAY:
+        if count > left // 8:
             raise r.fail(
-                f"metadata {_quoted(key)} claims {count} strings (the file's {left} remaining "
-                f"bytes hold at most {left // 8}; seqkv reads at most {MAX_STRING_ARRAY})"
+                f"metadata {_quoted(key)} claims {count} strings, more than the file's {left} "
+                f"remaining bytes can hold"
             )
+        if count > r.strings_left:
+            raise r.fail(
+                f"metadata {_quoted(key)} holds {count} strings, past seqkv's limit of "
+                f"{MAX_STRINGS} strings in arrays"
+            )
+        r.strings_left -= count
         r.skip_strings(count, f"the strings of {_quoted(key)}")
         return ARRAY, ArrayValue(element, count)
     if element not in SCALARS:
