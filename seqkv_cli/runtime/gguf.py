@@ -54,12 +54,14 @@ def metadata_folder(path: Path, *, progress=None) -> Path:
     return _checked_folder(path, progress)[0]
 
 
-def _checked_folder(path: Path, progress) -> tuple[Path, Layout]:
-    """The metadata folder of ``path``, verified against the file, and the file's layout."""
+def _checked_folder(path: Path, progress) -> tuple[Path, Layout, bool]:
+    """The metadata folder of ``path``, verified against the file, the file's layout, and
+    whether this call wrote the folder."""
     layout = read_layout(path)
     digest = content_sha256(path, layout)
     # The name comes from the hash alone, never from a string in the file.
     target = cache_root() / "models" / f"gguf-{digest[:16]}-v{META_VERSION}"
+    written = False
     if _verified(target, layout, digest) is None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(target) + ".lock"):
@@ -67,7 +69,8 @@ def _checked_folder(path: Path, progress) -> tuple[Path, Layout]:
                 if progress:
                     progress(f"reading {path.name}'s metadata (once)")
                 _write_metadata(path, layout, digest, target)
-    return target, layout
+                written = True
+    return target, layout, written
 
 
 def _write_metadata(gguf: Path, layout: Layout, digest: str, target: Path) -> None:
@@ -188,17 +191,20 @@ def load_gguf(path: Path, *, progress=None):
 
     from seqkv_cli.runtime.checkpoint.gguf_file import load_gguf_weights
 
-    folder, layout = _checked_folder(path, progress)
+    folder, layout, written = _checked_folder(path, progress)
     try:
         config = AutoConfig.from_pretrained(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         _, architecture, mapping = tensor_table(folder)
         # The table read from the file just now (the folder's copy was checked equal to it).
         model, store = load_gguf_weights(path, config, layout.table(), architecture, mapping)
-    except SeqkvError:
-        raise
     except Exception as exc:
-        raise SeqkvError(f"could not load GGUF file {path}: {one_line(exc)}") from exc
+        if written:  # a file whose tensors do not fit its own metadata leaves no cache entry
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(exc, SeqkvError) and str(path) in str(exc):
+            raise
+        code = exc.exit_code if isinstance(exc, SeqkvError) else None
+        raise SeqkvError(f"could not load GGUF file {path}: {one_line(exc)}", code) from exc
     return model, tokenizer, store, folder
 
 
