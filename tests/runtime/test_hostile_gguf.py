@@ -687,3 +687,27 @@ def test_strings_in_arrays_are_capped_over_the_whole_file(valid, monkeypatch):
     monkeypatch.setattr(gguf_check, "MAX_STRINGS", 320)
     with pytest.raises(SeqkvError, match=r"'tokenizer\.ggml\.merges' holds 1 strings, past seqkv"):
         gguf_check.parse_layout(raw, len(raw), "tiny.gguf")
+
+
+def test_per_layer_head_counts_are_checked_layer_by_layer(valid):
+    """Head counts may be one per layer (an array); each is checked, and an array too long to
+    have been kept is refused rather than skipped."""
+    import dataclasses
+
+    from seqkv_cli.runtime.checkpoint.gguf_check import ArrayValue, check_model, parse_layout
+
+    layout = parse_layout(valid[1], len(valid[1]), "tiny.gguf")
+    key = "llama.attention.head_count_kv"
+    for value, fragment in (
+        (ArrayValue(4, 2, (2, 2)), None),
+        (ArrayValue(4, 2, (2, 3)), "head_count (4) is not a multiple of " + key + " (3)"),
+        (ArrayValue(4, 3, (2, 2, 2)), key + " must be an integer or 2 of them"),
+        (ArrayValue(4, 2, None), key + " holds 2 values (seqkv checks at most 4096)"),
+    ):
+        changed = dataclasses.replace(layout, metadata={**layout.metadata, key: value})
+        if fragment is None:
+            check_model(changed)
+        else:
+            with pytest.raises(SeqkvError) as caught:
+                check_model(changed)
+            assert fragment in str(caught.value)
