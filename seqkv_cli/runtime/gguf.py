@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -155,16 +154,8 @@ def _read_metadata(gguf: Path, layout: Layout):
 
     from seqkv_cli.runtime.checkpoint.gguf_file import empty_model, name_mapping, processor_of
 
-    # transformers reads the file from a folder of its own, so no config or tokenizer file
-    # that happens to lie beside the user's file becomes part of the model.
-    with tempfile.TemporaryDirectory(prefix="seqkv-gguf-") as alone:
-        folder, name = Path(alone), "model.gguf"
-        try:
-            os.symlink(gguf.resolve(), folder / name)
-        except OSError:  # no symbolic links here (Windows without the right): beside it
-            folder, name = gguf.parent, gguf.name
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = empty_model(config)
     # What a transformers folder of this model records (save_pretrained of the model): the
     # config is part of the model's fingerprint.

@@ -711,3 +711,24 @@ def test_per_layer_head_counts_are_checked_layer_by_layer(valid):
             with pytest.raises(SeqkvError) as caught:
                 check_model(changed)
             assert fragment in str(caught.value)
+
+
+def test_files_beside_the_gguf_are_not_part_of_the_model(tmp_path, cache, valid, monkeypatch):
+    """A tokenizer or chat template file next to the .gguf (a folder of downloads) is not
+    mixed into the model read from the file (transformers, given gguf_file, reads only the
+    file today: this guards that it stays so)."""
+    from seqkv_cli.runtime.loading import load_model
+
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "beside").mkdir()
+    alone = load_model(str(_write(tmp_path / "alone", valid[1], "tiny.gguf")))
+    beside = tmp_path / "beside"
+    path = _write(beside, valid[1], "tiny.gguf")
+    (beside / "added_tokens.json").write_text(json.dumps({"<|evil|>": 320}))
+    (beside / "chat_template.jinja").write_text("{{ 'evil' }}")
+    (beside / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'evil' }}"}))
+    monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "another cache"))  # read afresh
+    lm = load_model(str(path))
+    assert len(lm.tokenizer) == len(alone.tokenizer) and "<|evil|>" not in lm.tokenizer.get_vocab()
+    assert lm.tokenizer.chat_template == alone.tokenizer.chat_template
+    assert lm.tokenizer_fingerprint == alone.tokenizer_fingerprint
