@@ -224,6 +224,17 @@ def test_bytes_after_the_last_tensor_are_not_read_and_weights_change_the_identit
         assert metadata_folder(changed) != folder
 
 
+def test_a_fifo_is_refused_without_waiting(tmp_path, cache):
+    """`load_model` sends only files here, but `metadata_folder` (the GGUF module's own entry)
+    must not wait for a writer that never comes either."""
+    from seqkv_cli.runtime.gguf import metadata_folder
+
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    with within(10), pytest.raises(SeqkvError, match=r"pipe\.gguf: not a regular file"):
+        metadata_folder(fifo)
+
+
 # -- 2. a tensor table that lies -------------------------------------------------------------
 
 

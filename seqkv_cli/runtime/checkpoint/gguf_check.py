@@ -24,6 +24,7 @@ import math
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -503,6 +504,8 @@ def read_layout(path: Path) -> Layout:
     """The checked layout of the GGUF file at ``path`` (header and model metadata)."""
     source = f"could not read GGUF file {path}"
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block open() for ever
+            raise SeqkvError(f"{source}: not a regular file")
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 24:
