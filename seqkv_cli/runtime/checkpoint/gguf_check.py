@@ -69,7 +69,6 @@ SCALARS = {
     12: ("<d", 8),
 }
 INTEGER_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}
-FLOAT_TYPES = {6, 12}
 UINT32 = 4
 
 
