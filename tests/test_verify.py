@@ -229,17 +229,28 @@ class _Saved:
 
 @pytest.fixture
 def fake_gguf(monkeypatch):
+    """transformers' reading of a GGUF file replaced by a stand-in: its config records the
+    file's size, a "boom" config fails to save."""
     import seqkv_cli.runtime.gguf as gguf
 
     calls = []
 
-    def read(path):
+    def read(path, layout):
         calls.append(path)
-        text = path.read_bytes()[4:].decode()
-        return _Saved("config.json", text), _Saved("tokenizer.json", "t"), [], "llama", {}
+        text = "boom" if getattr(read, "boom", False) else str(path.stat().st_size)
+        return _Saved("config.json", text), _Saved("tokenizer.json", "t"), {}
 
     monkeypatch.setattr(gguf, "_read_metadata", read)
-    return gguf, calls
+    return gguf, calls, read
+
+
+def _tiny_gguf(path: Path, seed: int = 3) -> Path:
+    """A real, tiny GGUF file (the metadata folder is only made for a file that checks out)."""
+    from bench.real_shapes import byte_tokenizer, write_gguf
+    from tests.runtime.test_checkpoint import _qtypes, _tiny_config
+
+    write_gguf(_tiny_config(), path, _qtypes, seed, byte_tokenizer(320))
+    return path
 
 
 def test_a_gguf_files_metadata_is_read_once_into_a_folder_named_by_its_content(
@@ -247,19 +258,20 @@ def test_a_gguf_files_metadata_is_read_once_into_a_folder_named_by_its_content(
 ):
     import hashlib
 
-    conv, calls = fake_gguf
+    from seqkv_cli.runtime.checkpoint.gguf_check import read_layout
+
+    conv, calls, _ = fake_gguf
     monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF weights")
+    gguf = _tiny_gguf(tmp_path / "m.gguf")
     folder = conv.metadata_folder(gguf)
-    digest = hashlib.sha256(b"GGUF weights").hexdigest()[:16]
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]
     assert folder == tmp_path / "cache" / "models" / f"gguf-{digest}-v{conv.META_VERSION}"
-    assert (folder / "config.json").read_text() == " weights"
-    assert conv.tensor_table(folder) == ([], "llama", {})
+    assert (folder / "config.json").read_text() == str(gguf.stat().st_size)
+    assert conv.tensor_table(folder) == (read_layout(gguf).table(), "llama", {})
     assert conv.metadata_folder(gguf) == folder and len(calls) == 1  # cached
-    gguf.write_bytes(b"GGUF other weights")  # other content: another folder
+    _tiny_gguf(gguf, seed=4)  # other weights: another folder
     assert conv.metadata_folder(gguf) != folder and len(calls) == 2
-    gguf.write_bytes(b"GGML old")
+    gguf.write_bytes(b"GGML old" * 4)
     with pytest.raises(SeqkvError, match="bad magic bytes"):
         conv.metadata_folder(gguf)
 
@@ -267,19 +279,21 @@ def test_a_gguf_files_metadata_is_read_once_into_a_folder_named_by_its_content(
 def test_a_failed_metadata_read_leaves_nothing_and_a_damaged_cache_is_one_line(
     tmp_path, monkeypatch, fake_gguf
 ):
-    conv, _ = fake_gguf
+    conv, calls, read = fake_gguf
     monkeypatch.setenv("SEQKV_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUFboom")
+    gguf = _tiny_gguf(tmp_path / "m.gguf")
+    read.boom = True
     with pytest.raises(SeqkvError, match="disk full"):
         conv.metadata_folder(gguf)
     models = tmp_path / "cache" / "models"
     assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
-    gguf.write_bytes(b"GGUFgood")
+    read.boom = False
     folder = conv.metadata_folder(gguf)
     (folder / conv.META_MARKER).write_text("{not json")
     with pytest.raises(SeqkvError, match="damaged GGUF metadata cache"):
         conv.tensor_table(folder)
+    assert conv.metadata_folder(gguf) == folder and len(calls) == 3  # not trusted: rebuilt
+    assert conv.tensor_table(folder)[1] == "llama"
 
 
 def test_the_fp32_folder_is_written_once_and_never_deleted(tmp_path, monkeypatch):

@@ -102,8 +102,9 @@ def load_gguf_weights(path: Path, config, table: list[dict], architecture: str, 
     """(model, store) for the GGUF file ``path`` whose transformers config is ``config``,
     whose tensors ``table`` lists, whose ``general.architecture`` is ``architecture`` and
     whose names map to the model's by ``mapping`` (`runtime.gguf.metadata_folder` records
-    all four): the module holds meta tensors where the store holds the file's blocks, fp32
-    tensors elsewhere."""
+    all four; the table is the one `gguf_check` read from the file's header on this load,
+    so every entry lies inside the file): the module holds meta tensors where the store
+    holds the file's blocks, fp32 tensors elsewhere."""
     from gguf import GGMLQuantizationType, dequantize
 
     model = empty_model(config)
