@@ -40,7 +40,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
         h.update(json.dumps(spec.get("added_tokens", []), sort_keys=True).encode())
     else:  # slow tokenizers: the vocabulary is what decides token ids
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    h.update((tokenizer.chat_template or "").encode())
+    template = tokenizer.chat_template or ""
+    if isinstance(template, dict):  # named templates: all of them, in a fixed order
+        template = json.dumps(template, sort_keys=True)
+    h.update(str(template).encode())
     return h.hexdigest()
 
 

@@ -118,7 +118,7 @@ def _causal_lm_types() -> set[str]:
 def _finite_everywhere(value, where: str, path: str = "") -> None:
     """NaN and infinities are valid to Python's JSON reader, never a model's number."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise SeqkvError(f"{where}: {path or 'value'} is {value}; numbers must be finite")
+        raise SeqkvError(f"{where}: {_q(path or 'value', 80)} is {value}; numbers must be finite")
     if isinstance(value, dict):
         for k, v in value.items():
             _finite_everywhere(v, where, f"{path}.{k}" if path else str(k))
@@ -135,7 +135,7 @@ def check_config(raw, where: str):
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in _causal_lm_types():
         raise SeqkvError(
-            f"{where}: model_type {str(model_type)[:60]!r} is not a causal language model "
+            f"{where}: model_type {_q(model_type, 60)} is not a causal language model "
             "transformers implements (seqkv never runs a model's own code)"
         )
     _finite_everywhere(raw, where)
@@ -150,6 +150,13 @@ def check_config(raw, where: str):
     return config
 
 
+def _q(value, limit: int) -> str:
+    """A value from a file, in a message: a printable name as it is, anything else as its
+    repr (newlines and escapes stay visible), cut to ``limit`` characters."""
+    text = value if isinstance(value, str) and value.isprintable() else repr(value)
+    return text[:limit]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:300]
@@ -160,7 +167,7 @@ def _int(cfg, name: str, where: str, required: bool, low: int = 1, high: int | N
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SeqkvError(f"{where}: {name} is {str(value)[:40]!r}; must be a whole number")
+        raise SeqkvError(f"{where}: {name} is {_q(value, 40)}; must be a whole number")
     high = LIMITS.get(name) if high is None else high
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high:,}" if high is not None else f"at least {low}"
@@ -173,7 +180,7 @@ def _positive_float(cfg, name: str, where: str, high: float) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SeqkvError(f"{where}: {name} is {str(value)[:40]!r}; must be a number")
+        raise SeqkvError(f"{where}: {name} is {_q(value, 40)}; must be a number")
     if not (math.isfinite(value) and 0 < value <= high):
         raise SeqkvError(f"{where}: {name} is {value}; must be finite, positive, at most {high:g}")
 
@@ -212,7 +219,7 @@ def check_numbers(config, where: str) -> None:
     if isinstance(rope, dict) and "rope_theta" in rope:
         theta = rope["rope_theta"]
         if isinstance(theta, bool) or not isinstance(theta, int | float):
-            raise SeqkvError(f"{where}: rope_theta is {str(theta)[:40]!r}; must be a number")
+            raise SeqkvError(f"{where}: rope_theta is {_q(theta, 40)}; must be a number")
         if not (math.isfinite(theta) and 0 < theta <= 1e12):
             raise SeqkvError(f"{where}: rope_theta is {theta}; must be finite, positive, at most 1e12")
     factor = getattr(cfg, "partial_rotary_factor", None)
@@ -257,28 +264,28 @@ def check_header(table, data_bytes: int, path: Path) -> dict[str, TensorInfo]:
     for name, entry in table.items():
         if name == "__metadata__":
             continue
-        shown = name[:80]
+        shown = _q(name, 80)
         if not isinstance(entry, dict):
-            raise SeqkvError(f"{path}: tensor {shown!r} has no dtype/shape/offsets entry")
+            raise SeqkvError(f"{path}: tensor {shown} has no dtype/shape/offsets entry")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPE_BYTES:
-            raise SeqkvError(f"{path}: tensor {shown!r} has unknown dtype {str(dtype)[:20]!r}")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+            raise SeqkvError(f"{path}: tensor {shown} has unknown dtype {_q(dtype, 20)}")
         if (
             not isinstance(shape, list)
             or len(shape) > MAX_DIMS
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
         ):
-            raise SeqkvError(f"{path}: tensor {shown!r} has an invalid shape {str(shape)[:60]}")
+            raise SeqkvError(f"{path}: tensor {shown} has an invalid shape {_q(shape, 60)}")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= data_bytes
         ):
-            raise SeqkvError(f"{path}: tensor {shown!r} lies outside the file ({str(offsets)[:60]})")
+            raise SeqkvError(f"{path}: tensor {shown} lies outside the file ({_q(offsets, 60)})")
         if offsets[1] - offsets[0] != math.prod(shape) * DTYPE_BYTES[dtype]:
             raise SeqkvError(
-                f"{path}: tensor {shown!r} holds {offsets[1] - offsets[0]:,} bytes, its shape "
+                f"{path}: tensor {shown} holds {offsets[1] - offsets[0]:,} bytes, its shape "
                 f"{tuple(shape)} in {dtype} needs {math.prod(shape) * DTYPE_BYTES[dtype]:,}"
             )
         out[name] = TensorInfo(dtype, tuple(shape), path)
@@ -306,7 +313,7 @@ def weight_files(folder: Path) -> tuple[Path, ...]:
     files: dict[str, Path] = {}
     for tensor, name in weight_map.items():
         if not isinstance(name, str):
-            raise SeqkvError(f"{index}: weight_map names {str(name)[:60]!r} for {tensor[:80]!r}")
+            raise SeqkvError(f"{index}: weight_map names {_q(name, 60)} for {_q(tensor, 80)}")
         files.setdefault(name, _inside(folder, name, index))
     return tuple(files[n] for n in sorted(files))
 
@@ -322,12 +329,12 @@ def _inside(folder: Path, name: str, index: Path) -> Path:
         or not name.endswith(".safetensors")
     ):
         raise SeqkvError(
-            f"{index}: weight_map names {name[:80]!r}; shards must be .safetensors files inside "
+            f"{index}: weight_map names {_q(name, 80)}; shards must be .safetensors files inside "
             "the model folder"
         )
     path = folder.joinpath(*parts)
     if not path.is_file():
-        raise SeqkvError(f"{index}: weight_map names {name[:80]!r}, which is not in the folder")
+        raise SeqkvError(f"{index}: weight_map names {_q(name, 80)}, which is not in the folder")
     return path
 
 
@@ -336,7 +343,7 @@ def read_tensors(files: tuple[Path, ...]) -> dict[str, TensorInfo]:
     for path in files:
         for name, info in read_header(path).items():
             if name in tensors:
-                raise SeqkvError(f"{path}: tensor {name[:80]!r} is also in {tensors[name].file}")
+                raise SeqkvError(f"{path}: tensor {_q(name, 80)} is also in {tensors[name].file}")
             tensors[name] = info
         if len(tensors) > MAX_TENSORS:
             raise SeqkvError(f"{path}: more than {MAX_TENSORS:,} tensors in the folder")
@@ -381,13 +388,13 @@ def check_tensors(config, tensors: dict[str, TensorInfo], where: str) -> None:
         shape = tensors[name].shape
         if len(shape) != 2 or shape[0] != cfg.vocab_size:
             raise SeqkvError(
-                f"{where}: vocab_size is {cfg.vocab_size:,}, the embedding {name} has shape "
+                f"{where}: vocab_size is {cfg.vocab_size:,}, the embedding {_q(name, 100)} has shape "
                 f"{shape}; the config and weights disagree"
             )
     for name, info in tensors.items():
         if info.dtype not in FLOAT_DTYPES and not _ignorable(config, name):
             raise SeqkvError(
-                f"{info.file}: tensor {name[:80]} is {info.dtype}; seqkv reads float "
+                f"{info.file}: tensor {_q(name, 80)} is {info.dtype}; seqkv reads float "
                 "(F32, F16, BF16) weights"
             )
 
@@ -425,19 +432,19 @@ def check_names(config, tensors: dict[str, TensorInfo], where: str) -> None:
             if _ignorable(config, name):
                 continue
             raise SeqkvError(
-                f"{info.file}: tensor {name[:100]} is not part of a {config.model_type} model "
+                f"{info.file}: tensor {_q(name, 100)} is not part of a {config.model_type} model "
                 "of this config (unexpected weight)"
             )
         if not converted and tuple(info.shape) != expected[target]:
             raise SeqkvError(
-                f"{info.file}: tensor {name[:100]} has shape {tuple(info.shape)}, the config "
+                f"{info.file}: tensor {_q(name, 100)} has shape {tuple(info.shape)}, the config "
                 f"makes it {expected[target]}"
             )
         found[target] = name
     missing = sorted(n for n in expected if n not in found and n not in tied)
     if missing:
         raise SeqkvError(
-            f"{where}: the weights have no {missing[0]}"
+            f"{where}: the weights have no {_q(missing[0], 100)}"
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + "; seqkv never fills a missing weight"
         )
