@@ -23,7 +23,7 @@ from seqkv_cli.errors import SeqkvError
 
 MAX_OUTPUT_CHARS = 1 << 24  # 16 Mi characters: more than any context's worth of text
 MAX_SECONDS = 10.0
-_BIG_WIDTH = re.compile(r"\d{%d,}" % len(str(MAX_OUTPUT_CHARS)))  # "%0999999999d", "{:>9999...}"
+_BIG_WIDTH = re.compile(rf"\d{{{len(str(MAX_OUTPUT_CHARS))},}}")  # "%0999999999d", "{:>9999...}"
 
 
 class _Refused(Exception):
@@ -76,7 +76,7 @@ def _environment():
                 raise _Refused(f"a value of more than {MAX_OUTPUT_CHARS:,} characters")
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
+        def call(__self, __context, __obj, *args, **kwargs):
             _check_time()
             _check_args(args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)

@@ -8,6 +8,7 @@ per model folder, keyed by every file the load reads (`folder_cache_key`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -90,10 +91,9 @@ def folder_cache_key(folder: Path) -> str:
         from seqkv_cli.errors import SeqkvError
         from seqkv_cli.runtime.checkpoint.folder_check import weight_files
 
-        try:
+        # not loadable (SeqkvError): nothing is cached for it, the load refuses it first
+        with contextlib.suppress(SeqkvError):
             files.update({f.relative_to(folder).as_posix(): f for f in weight_files(folder)})
-        except SeqkvError:
-            pass  # not loadable: nothing is cached for it (the load refuses it first)
     h = hashlib.sha256(str(folder.resolve()).encode())
     for name in sorted(files):
         st = files[name].stat()

@@ -186,7 +186,9 @@ def _sharded(base: Path, tmp_path: Path) -> Path:
     for file, part in halves.items():
         save_file({n: tensors[n] for n in part}, folder / file, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(part, file))
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     return folder
 
 
@@ -218,7 +220,13 @@ def test_an_index_naming_a_file_outside_the_folder_is_refused(base, tmp_path, ca
 
 @pytest.mark.parametrize(
     "damage",
-    [b"[]", b"{not json", b'{"model": 1, "tokenizer": 2}', b'{"model": "zz", "tokenizer": "zz"}', b"\xff"],
+    [
+        b"[]",
+        b"{not json",
+        b'{"model": 1, "tokenizer": 2}',
+        b'{"model": "zz", "tokenizer": "zz"}',
+        b"\xff",
+    ],
 )
 def test_a_damaged_fingerprint_cache_entry_is_computed_again(base, tmp_path, cache, damage):
     from seqkv_cli.runtime import fingerprint as fp
@@ -298,7 +306,7 @@ def test_a_chat_template_that_loops_without_output_is_stopped(base, monkeypatch)
     tok.chat_template = (
         "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
     )
-    with pytest.raises(SeqkvError, match="took more than 0.5 s"):
+    with pytest.raises(SeqkvError, match=r"took more than 0\.5 s"):
         chat_render.render_chat(tok, [{"role": "user", "content": "x"}], "s")
 
 
@@ -394,7 +402,11 @@ def _valid_pair():
         if name == "lm_head.weight":
             continue
         size = math.prod(t.shape) * 4
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     return {"model_type": "llama", **_SHAPE}, header, offset
 
@@ -430,7 +442,9 @@ def _mutated(draw):
         elif kind == "shape" and name in header:
             header[name]["shape"] = draw(st.one_of(st.lists(_values, max_size=3), _values))
         elif kind == "dtype" and name in header:
-            header[name]["dtype"] = draw(st.one_of(st.sampled_from(sorted(fc.DTYPE_BYTES)), _values))
+            header[name]["dtype"] = draw(
+                st.one_of(st.sampled_from(sorted(fc.DTYPE_BYTES)), _values)
+            )
         elif kind == "name" and name in header:
             header[draw(st.text(max_size=30)) or "x"] = header.pop(name)
         elif kind == "offsets" and name in header:
@@ -455,3 +469,25 @@ def test_fuzzed_config_and_header_pairs_are_checked_or_refused(pair):
         fc.check_tensors(checked, tensors, "folder")
     except SeqkvError as exc:
         assert "\n" not in str(exc)
+
+
+# -- 5. identity: a model one weight away is refused by fingerprint ------------------------------
+
+
+def test_restoring_with_a_model_one_weight_away_is_refused_naming_it(base, tmp_path, cache):
+    other = _copy(base, tmp_path, "other-model")
+
+    def nudge(tensors):
+        name = "model.layers.0.mlp.up_proj.weight"
+        tensors[name] = tensors[name].clone()
+        tensors[name].view(-1)[0] += 1.0
+        return tensors
+
+    _edit_weights(other, nudge)
+    (tmp_path / "in.txt").write_text("a short text to capture " * 3)
+    cap, skv = tmp_path / "cap.safetensors", tmp_path / "c.skv"
+    assert invoke("capture", tmp_path / "in.txt", "-o", cap, "--model", base).exit_code == 0
+    assert invoke("compress", cap, "-o", skv, "--model", base).exit_code == 0
+    result = invoke("decompress", skv, "-o", tmp_path / "out", "--model", other)
+    assert_error(result, "the loaded model other-model has fingerprint")
+    assert "damaged" not in result.stderr

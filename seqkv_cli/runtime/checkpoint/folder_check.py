@@ -59,7 +59,9 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 # Layer containers of the families seqkv runs: "model.layers.3.", "transformer.h.3.", ...
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
 # Input embeddings by the names the families give them.
-_EMBEDDING = re.compile(r"(?:^|\.)(?:embed_tokens|wte|embed_in|word_embeddings|tok_embeddings)\.weight$")
+_EMBEDDING = re.compile(
+    r"(?:^|\.)(?:embed_tokens|wte|embed_in|word_embeddings|tok_embeddings)\.weight$"
+)
 _EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
 
 
@@ -221,7 +223,9 @@ def check_numbers(config, where: str) -> None:
         if isinstance(theta, bool) or not isinstance(theta, int | float):
             raise SeqkvError(f"{where}: rope_theta is {_q(theta, 40)}; must be a number")
         if not (math.isfinite(theta) and 0 < theta <= 1e12):
-            raise SeqkvError(f"{where}: rope_theta is {theta}; must be finite, positive, at most 1e12")
+            raise SeqkvError(
+                f"{where}: rope_theta is {theta}; must be finite, positive, at most 1e12"
+            )
     factor = getattr(cfg, "partial_rotary_factor", None)
     if factor is not None and not (isinstance(factor, int | float) and 0 < factor <= 1):
         raise SeqkvError(f"{where}: partial_rotary_factor is {factor}; must be in (0, 1]")
@@ -388,8 +392,8 @@ def check_tensors(config, tensors: dict[str, TensorInfo], where: str) -> None:
         shape = tensors[name].shape
         if len(shape) != 2 or shape[0] != cfg.vocab_size:
             raise SeqkvError(
-                f"{where}: vocab_size is {cfg.vocab_size:,}, the embedding {_q(name, 100)} has shape "
-                f"{shape}; the config and weights disagree"
+                f"{where}: vocab_size is {cfg.vocab_size:,}, the embedding {_q(name, 100)} "
+                f"has shape {shape}; the config and weights disagree"
             )
     for name, info in tensors.items():
         if info.dtype not in FLOAT_DTYPES and not _ignorable(config, name):
