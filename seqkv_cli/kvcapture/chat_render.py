@@ -108,6 +108,12 @@ def _environment():
     return env
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str):
+    """A template compiled once (a dataset renders the same one for every session)."""
+    return _environment().from_string(template)
+
+
 def _bounded_filter(f):
     """A filter whose number arguments (after the value filtered) are bounded."""
 
@@ -165,7 +171,7 @@ def render_chat(tok, messages: list[dict], source: str) -> str:
     _state.deadline = time.monotonic() + MAX_SECONDS
     try:
         with _alarm(MAX_SECONDS + 1):
-            compiled = _environment().from_string(template)
+            compiled = _compiled(template)
             for part in compiled.generate(
                 messages=[dict(m) for m in messages],
                 tools=None,

@@ -260,18 +260,27 @@ def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedMo
 def _from_hub(repo_id: str) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from seqkv_cli.runtime.checkpoint.folder import refuse_unfilled
+
     def load(local_only: bool):
         with no_stdin():
             tok = AutoTokenizer.from_pretrained(
                 repo_id, local_files_only=local_only, trust_remote_code=False
             )
-            model = AutoModelForCausalLM.from_pretrained(
-                repo_id, dtype="float32", local_files_only=local_only, trust_remote_code=False
+            model, info = AutoModelForCausalLM.from_pretrained(
+                repo_id,
+                dtype="float32",
+                local_files_only=local_only,
+                trust_remote_code=False,
+                output_loading_info=True,
             )
+        refuse_unfilled(repo_id, info)  # a weight filled at random is not the model
         return model.eval(), tok
 
     try:
         model, tok = load(True)
+    except SeqkvError:
+        raise
     except Exception:
         if os.environ.get("HF_HUB_OFFLINE") or not _hub_reachable():
             raise SeqkvError(
@@ -280,6 +289,8 @@ def _from_hub(repo_id: str) -> LoadedModel:
             ) from None
         try:
             model, tok = load(False)
+        except SeqkvError:
+            raise
         except Exception as exc:
             raise SeqkvError(f"could not load '{repo_id}' from the hub: {one_line(exc)}") from exc
     tok_fp = fp.tokenizer_fingerprint(tok)

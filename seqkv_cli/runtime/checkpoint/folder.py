@@ -50,13 +50,13 @@ def load_folder(folder: Path):
         local_files_only=True,
         output_loading_info=True,
     )
-    _refuse_unfilled(folder, info)
+    refuse_unfilled(folder, info)
     _refuse_non_finite(folder, model)
     store = WeightStore.take(model)
     return model.eval(), store
 
 
-def _refuse_unfilled(folder: Path, info: dict) -> None:
+def refuse_unfilled(folder, info: dict) -> None:
     """transformers' own account of the load, after its key mapping: a weight it had to
     initialise at random, or one it could not place, is refused (checked from the headers
     before; this covers the stacked expert weights whose parts the headers list apart)."""
