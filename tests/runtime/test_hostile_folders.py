@@ -491,3 +491,18 @@ def test_restoring_with_a_model_one_weight_away_is_refused_naming_it(base, tmp_p
     result = invoke("decompress", skv, "-o", tmp_path / "out", "--model", other)
     assert_error(result, "the loaded model other-model has fingerprint")
     assert "damaged" not in result.stderr
+
+
+def test_a_multimodal_folder_counts_the_language_models_layers(tmp_path):
+    """A vision tower with more layers than the text model is not 'layers the config lacks'."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = {**_SHAPE, "head_dim": 16}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3}
+    vision.update(num_attention_heads=2, image_size=28, patch_size=14)
+    config = AutoConfig.for_model(
+        "gemma3", text_config=text, vision_config=vision, mm_tokens_per_image=4
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "mm")
+    checked = fc.check_folder(tmp_path / "mm")
+    assert any("vision" in n for n in checked.tensors)

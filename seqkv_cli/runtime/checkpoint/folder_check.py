@@ -62,6 +62,9 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
 _EMBEDDING = re.compile(
     r"(?:^|\.)(?:embed_tokens|wte|embed_in|word_embeddings|tok_embeddings)\.weight$"
 )
+# A multimodal model's other towers: their layers and embeddings are not the language
+# model's (their names and shapes are still checked against the module, `check_names`).
+_OTHER_TOWER = re.compile(r"vision|visual|audio|image|multi_modal|mm_projector|speech")
 _EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
 
 
@@ -369,6 +372,8 @@ def check_tensors(config, tensors: dict[str, TensorInfo], where: str) -> None:
     layers = cfg.num_hidden_layers
     seen: set[int] = set()
     for name in tensors:
+        if _OTHER_TOWER.search(name):
+            continue
         m = _LAYER.search(name)
         if m:
             seen.add(int(m.group(1)))
@@ -385,7 +390,7 @@ def check_tensors(config, tensors: dict[str, TensorInfo], where: str) -> None:
                 f"{where}: num_hidden_layers is {layers}, the weights have no layer {absent[0]} "
                 f"({len(absent)} missing); the config and weights disagree"
             )
-    embeddings = [n for n in tensors if _EMBEDDING.search(n)]
+    embeddings = [n for n in tensors if _EMBEDDING.search(n) and not _OTHER_TOWER.search(n)]
     if not embeddings:
         raise SeqkvError(f"{where}: the weights hold no input embedding (embed_tokens.weight)")
     for name in embeddings:
