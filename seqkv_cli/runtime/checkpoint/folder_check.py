@@ -429,8 +429,10 @@ def check_names(config, tensors: dict[str, TensorInfo], where: str) -> None:
     checks itself)."""
     import torch
 
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
-        model = _model_class(config)._from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tied = set(_tied_names(model, config))
     rename = _renamer(model, expected)
