@@ -245,7 +245,10 @@ def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedMo
         with no_stdin():
             # the weights first: load_folder checks the folder (no code of its own, in
             # tokenizer_config.json either) before transformers reads anything of it
-            model, store = load_folder(folder)
+            # files fingerprinted before are the files checked before: their weights were
+            # scanned for NaN then (the scan reads every weight once, as the hash does)
+            seen = _read_cached(_cache_file(folder)) is not None
+            model, store = load_folder(folder, check_finite=not seen)
             tok = AutoTokenizer.from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False
             )
@@ -299,9 +302,13 @@ def _from_hub(repo_id: str) -> LoadedModel:
     )
 
 
-def _cached_fingerprints(folder: Path, model, tok, store=None) -> tuple[str, str]:
+def _cache_file(folder: Path) -> Path:
     # The entry's name is a hash of the folder's files, never a string from them.
-    cache = cache_root() / "fingerprints" / (fp.folder_cache_key(folder) + ".json")
+    return cache_root() / "fingerprints" / (fp.folder_cache_key(folder) + ".json")
+
+
+def _cached_fingerprints(folder: Path, model, tok, store=None) -> tuple[str, str]:
+    cache = _cache_file(folder)
     cached = _read_cached(cache)
     if cached is not None:
         return cached

@@ -506,3 +506,24 @@ def test_a_multimodal_folder_counts_the_language_models_layers(tmp_path):
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "mm")
     checked = fc.check_folder(tmp_path / "mm")
     assert any("vision" in n for n in checked.tensors)
+
+
+def test_a_nan_written_into_a_folder_loaded_before_is_still_found(base, tmp_path, cache):
+    """The NaN scan is skipped only for files fingerprinted before: an edit is new files."""
+    from seqkv_cli.runtime.loading import load_model
+
+    folder = _copy(base, tmp_path)
+    load_model(str(folder))
+    weights = folder / "model.safetensors"
+    before = weights.stat()
+
+    def poison(tensors):
+        name = "model.layers.1.self_attn.q_proj.weight"
+        tensors[name] = tensors[name].clone()
+        tensors[name].view(-1)[7] = math.inf
+        return tensors
+
+    _edit_weights(folder, poison)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(SeqkvError, match=r"q_proj\.weight holds NaN or infinite"):
+        load_model(str(folder))
