@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seqkv_cli.commands._common import console, handle_errors, say
+from seqkv_cli.commands._common import console, handle_errors, say, shown
 from seqkv_cli.commands.options import ModelOption
 
 model_app = typer.Typer(help="Inspect or pre-fetch models.", no_args_is_help=True)
@@ -28,10 +28,12 @@ def info_command(
 
     lm = load_model(model, progress=say)
     table = Table(show_header=False, box=None)
+    # names and paths come from the model's files and folder names (anyone's): `shown`
+    # keeps Rich markup and terminal control characters in them from acting
     for key, value in lm.describe().items():
-        table.add_row(key, str(value))
-    table.add_row("folder", str(lm.folder) if lm.folder else "-")
-    table.add_row("cache", str(cache_root()))
+        table.add_row(key, shown(value))
+    table.add_row("folder", shown(lm.folder) if lm.folder else "-")
+    table.add_row("cache", shown(cache_root()))
     kv_bits = lm.num_layers * lm.num_kv_heads * lm.head_dim * 2 * 16
     table.add_row("fp16 KV per position", f"{kv_bits:,} bits")
     fp = footprint(lm, positions)
@@ -67,4 +69,4 @@ def fetch_command() -> None:
     from seqkv_cli.runtime.loading import load_model
 
     load_model(None, progress=say)  # its metadata and fingerprint, cached
-    console.print(f"embedded model ready: {embedded_gguf()}")
+    console.print(f"embedded model ready: {shown(embedded_gguf())}")

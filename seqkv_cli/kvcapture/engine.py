@@ -36,6 +36,8 @@ class SessionTooLong(SeqkvError):
 # characters as its own string has (byte-level BPE: one character a byte; SentencePiece:
 # the text itself); the 2x margin is for normalizers that fold character sequences.
 _TOKEN_CHARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_COUNTED_TOKEN_CHARS = 256  # a token longer than this counts as this long (docs/MODELS.md)
+MAX_TOKENIZER_CHARS = 1 << 24  # characters given to a tokenizer at once, whatever the context
 
 
 def max_token_chars(tok: object) -> int:
@@ -46,6 +48,9 @@ def max_token_chars(tok: object) -> int:
         pass
     pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
     longest = max((len(p) for p in pieces if isinstance(p, str)), default=1)
+    # A tokenizer's files can hold one token of megabytes: it would lift the bound for
+    # every text. Tokens of real vocabularies are at most a few hundred characters.
+    longest = min(longest, MAX_COUNTED_TOKEN_CHARS)
     with contextlib.suppress(TypeError):
         _TOKEN_CHARS[tok] = longest
     return longest
@@ -54,6 +59,13 @@ def max_token_chars(tok: object) -> int:
 def check_text_length(lm: LoadedModel, text: str, source: str) -> None:
     """Refuse, before the tokenizer allocates anything, a text that must hold more tokens
     than the model's context."""
+    if len(text) > MAX_TOKENIZER_CHARS:
+        raise SessionTooLong(
+            f"{source}: {len(text):,} characters; seqkv gives a tokenizer at most "
+            f"{MAX_TOKENIZER_CHARS:,} at once (its memory grows with one word's length): "
+            "split it into shorter sessions",
+            lm.max_context + 1,
+        )
     per_token = 2 * max_token_chars(lm.tokenizer)
     if len(text) > lm.max_context * per_token:
         at_least = max(len(text) // per_token, lm.max_context + 1)
@@ -77,9 +89,9 @@ def tokenize(lm: LoadedModel, doc: Document) -> list[int]:
             )
         return ids
     if doc.messages is not None:
-        if not getattr(tok, "chat_template", None):
-            raise SeqkvError(f"{doc.source}: the model's tokenizer has no chat template")
-        text = tok.apply_chat_template(list(doc.messages), tokenize=False)
+        from seqkv_cli.kvcapture.chat_render import render_chat
+
+        text = render_chat(tok, list(doc.messages), str(doc.source))
     else:
         text = doc.text
     check_text_length(lm, text, str(doc.source))

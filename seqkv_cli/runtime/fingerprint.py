@@ -3,11 +3,12 @@
 Fingerprints hash what the model *computes with* (config values, weight tensors as loaded,
 tokenizer), not the files, so the same weights loaded from a GGUF file or from the converted
 folder give the same fingerprint. Hashing 135M fp32 weights takes ~1 s, so results are cached
-per model folder, keyed by the files' sizes and modification times.
+per model folder, keyed by every file the load reads (`folder_cache_key`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -40,7 +41,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
         h.update(json.dumps(spec.get("added_tokens", []), sort_keys=True).encode())
     else:  # slow tokenizers: the vocabulary is what decides token ids
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    h.update((tokenizer.chat_template or "").encode())
+    template = tokenizer.chat_template or ""
+    if isinstance(template, dict):  # named templates: all of them, in a fixed order
+        template = json.dumps(template, sort_keys=True)
+    h.update(str(template).encode())
     return h.hexdigest()
 
 
@@ -67,11 +71,44 @@ def model_fingerprint(model, tok_fp: str, store=None) -> str:
     return h.hexdigest()
 
 
+# Files up to this size are hashed whole into a folder's cache key (config, tokenizer, chat
+# templates: milliseconds); larger ones (weights) by their stat and, for safetensors, header.
+_HASHED_WHOLE = 64 << 20
+
+
 def folder_cache_key(folder: Path) -> str:
-    """Identity of a model folder's files, cheap to compute (sizes + mtimes, no reading)."""
-    parts = []
-    for f in sorted(folder.iterdir()):
-        if f.is_file():
-            st = f.stat()
-            parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256(("|".join([str(folder.resolve()), *parts])).encode()).hexdigest()
+    """Identity of the files a load of ``folder`` reads, cheap to compute: the folder's own
+    files, the shards its safetensors index names (subfolders included) and its extra chat
+    templates, each by name, size, mtime, ctime and inode (a rewrite or an edit shows in
+    ctime even where the mtime is set back), small files by their content too, and a
+    safetensors file by its header (names, shapes, dtypes, offsets)."""
+    folder = Path(folder)
+    files = {f.name: f for f in folder.iterdir() if f.is_file()}
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        files.update({f"{extra.name}/{f.name}": f for f in extra.iterdir() if f.is_file()})
+    if (folder / "model.safetensors.index.json").is_file():
+        from seqkv_cli.errors import SeqkvError
+        from seqkv_cli.runtime.checkpoint.folder_check import weight_files
+
+        # not loadable (SeqkvError): nothing is cached for it, the load refuses it first
+        with contextlib.suppress(SeqkvError):
+            files.update({f.relative_to(folder).as_posix(): f for f in weight_files(folder)})
+    h = hashlib.sha256(str(folder.resolve()).encode())
+    for name in sorted(files):
+        st = files[name].stat()
+        stat = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        h.update(f"|{name}:{':'.join(map(str, stat))}:".encode())
+        h.update(_content_digest(files[name], st.st_size))
+    return h.hexdigest()
+
+
+def _content_digest(path: Path, size: int) -> bytes:
+    with open(path, "rb") as f:
+        if size <= _HASHED_WHOLE:
+            return hashlib.sha256(f.read(_HASHED_WHOLE)).digest()
+        if path.suffix != ".safetensors":
+            return b""
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        return hashlib.sha256(head + f.read(min(n, 100 << 20))).digest()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,7 +182,9 @@ def _fp32_cpu_copy(model):
     try:
         state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
         with torch.device("cpu"):
-            copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+            copy = AutoModelForCausalLM.from_config(
+                model.config, dtype=torch.float32, trust_remote_code=False
+            )
         copy.load_state_dict(state, strict=True)
     except (RuntimeError, ValueError, TypeError, KeyError) as exc:
         raise SeqkvError(
@@ -199,9 +204,26 @@ def _tokenizer_beside(name_or_path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        with no_stdin():
+            return AutoTokenizer.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=False
+            )
     except Exception:
         return None
+
+
+@contextlib.contextmanager
+def no_stdin():
+    """Loading reads no answer from the user: transformers asks on stdin whether to run a
+    model's own code where trust_remote_code is left unset (and a piped "yes" answers it).
+    Every load passes trust_remote_code=False; an input() that still comes finds an empty
+    stdin (EOFError, refused as a failed load), never the command's piped data."""
+    saved = sys.stdin
+    sys.stdin = io.StringIO("")
+    try:
+        yield
+    finally:
+        sys.stdin = saved
 
 
 def _from_gguf_file(path: Path, progress, *, name: str, kind: str, source: str) -> LoadedModel:
@@ -220,8 +242,16 @@ def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedMo
     from seqkv_cli.runtime.checkpoint.folder import load_folder
 
     try:
-        tok = AutoTokenizer.from_pretrained(folder)
-        model, store = load_folder(folder)
+        with no_stdin():
+            # the weights first: load_folder checks the folder (no code of its own, in
+            # tokenizer_config.json either) before transformers reads anything of it
+            # files fingerprinted before are the files checked before: their weights were
+            # scanned for NaN then (the scan reads every weight once, as the hash does)
+            seen = _read_cached(_cache_file(folder)) is not None
+            model, store = load_folder(folder, check_finite=not seen)
+            tok = AutoTokenizer.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=False
+            )
     except SeqkvError:
         raise
     except Exception as exc:
@@ -233,15 +263,27 @@ def _from_folder(folder: Path, *, name: str, kind: str, source: str) -> LoadedMo
 def _from_hub(repo_id: str) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from seqkv_cli.runtime.checkpoint.folder import refuse_unfilled
+
     def load(local_only: bool):
-        tok = AutoTokenizer.from_pretrained(repo_id, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            repo_id, dtype="float32", local_files_only=local_only
-        )
+        with no_stdin():
+            tok = AutoTokenizer.from_pretrained(
+                repo_id, local_files_only=local_only, trust_remote_code=False
+            )
+            model, info = AutoModelForCausalLM.from_pretrained(
+                repo_id,
+                dtype="float32",
+                local_files_only=local_only,
+                trust_remote_code=False,
+                output_loading_info=True,
+            )
+        refuse_unfilled(repo_id, info)  # a weight filled at random is not the model
         return model.eval(), tok
 
     try:
         model, tok = load(True)
+    except SeqkvError:
+        raise
     except Exception:
         if os.environ.get("HF_HUB_OFFLINE") or not _hub_reachable():
             raise SeqkvError(
@@ -250,6 +292,8 @@ def _from_hub(repo_id: str) -> LoadedModel:
             ) from None
         try:
             model, tok = load(False)
+        except SeqkvError:
+            raise
         except Exception as exc:
             raise SeqkvError(f"could not load '{repo_id}' from the hub: {one_line(exc)}") from exc
     tok_fp = fp.tokenizer_fingerprint(tok)
@@ -258,20 +302,40 @@ def _from_hub(repo_id: str) -> LoadedModel:
     )
 
 
+def _cache_file(folder: Path) -> Path:
+    # The entry's name is a hash of the folder's files, never a string from them.
+    return cache_root() / "fingerprints" / (fp.folder_cache_key(folder) + ".json")
+
+
 def _cached_fingerprints(folder: Path, model, tok, store=None) -> tuple[str, str]:
-    cache = cache_root() / "fingerprints" / (fp.folder_cache_key(folder) + ".json")
-    if cache.exists():
-        try:
-            data = json.loads(cache.read_text())
-            return data["model"], data["tokenizer"]
-        except (ValueError, KeyError):
-            pass  # damaged cache entry: recompute
+    cache = _cache_file(folder)
+    cached = _read_cached(cache)
+    if cached is not None:
+        return cached
     tok_fp = fp.tokenizer_fingerprint(tok)
     model_fp = fp.model_fingerprint(model, tok_fp, store)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(cache) as tmp:
         tmp.write_text(json.dumps({"model": model_fp, "tokenizer": tok_fp}))
     return model_fp, tok_fp
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _read_cached(cache: Path) -> tuple[str, str] | None:
+    """A cache entry's two fingerprints, or None where it is absent or damaged (not JSON,
+    other types, not 64 hex digits): then they are computed again, never trusted."""
+    try:
+        data = json.loads(cache.read_bytes()[:4096])
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    model_fp, tok_fp = data.get("model"), data.get("tokenizer")
+    if all(isinstance(v, str) and _HEX64.match(v) for v in (model_fp, tok_fp)):
+        return model_fp, tok_fp
+    return None
 
 
 def _hub_reachable(host: str = "huggingface.co") -> bool:
