@@ -121,10 +121,12 @@ class Archive:
             canon, ident = load_canonical(self._model_spec, self.codec.numerics)
             want = self.model.get("fingerprint", "?")
             if not fingerprint_matches(want, ident["fingerprint"]):
+                name = self.model.get("name")  # compact files record the fingerprint only
+                was = f"model {name}" if name else "another model"
                 raise SeqkvError(
-                    f"{self.path} was compressed with model {self.model.get('name', '?')} "
-                    f"(fingerprint {want[:16]}); the loaded model {ident['name']} has "
-                    f"fingerprint {ident['fingerprint'][:16]}; pass --model with the right one"
+                    f"{self.path} was compressed with {was} (fingerprint {want[:16]}); the "
+                    f"loaded model {ident['name']} differs (fingerprint "
+                    f"{ident['fingerprint'][:16]}); pass --model with the right one"
                 )
             if want != ident["fingerprint"]:  # a compact file's prefix: restored captures
                 self.model = dict(ident)  # name the model whole, as their capture did

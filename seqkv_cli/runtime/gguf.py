@@ -154,8 +154,10 @@ def _read_metadata(gguf: Path, layout: Layout):
 
     from seqkv_cli.runtime.checkpoint.gguf_file import empty_model, name_mapping, processor_of
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, trust_remote_code=False
+    )
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     model = empty_model(config)
     # What a transformers folder of this model records (save_pretrained of the model): the
     # config is part of the model's fingerprint.
@@ -184,8 +186,8 @@ def load_gguf(path: Path, *, progress=None):
 
     folder, layout, written = _checked_folder(path, progress)
     try:
-        config = AutoConfig.from_pretrained(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         _, architecture, mapping = tensor_table(folder)
         # The table read from the file just now (the folder's copy was checked equal to it).
         model, store = load_gguf_weights(path, config, layout.table(), architecture, mapping)

@@ -231,7 +231,8 @@ def _from_gguf_file(path: Path, progress, *, name: str, kind: str, source: str) 
     # the file's content hash; the weights are read from the file at its own width.
     from seqkv_cli.runtime.gguf import load_gguf
 
-    model, tok, store, folder = load_gguf(path, progress=progress)
+    with no_stdin():
+        model, tok, store, folder = load_gguf(path, progress=progress)
     model_fp, tok_fp = _cached_fingerprints(folder, model, tok, store)
     return LoadedModel(model, tok, name, source, kind, model_fp, tok_fp, folder, weights=store)
 

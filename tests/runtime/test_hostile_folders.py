@@ -489,7 +489,7 @@ def test_restoring_with_a_model_one_weight_away_is_refused_naming_it(base, tmp_p
     assert invoke("capture", tmp_path / "in.txt", "-o", cap, "--model", base).exit_code == 0
     assert invoke("compress", cap, "-o", skv, "--model", base).exit_code == 0
     result = invoke("decompress", skv, "-o", tmp_path / "out", "--model", other)
-    assert_error(result, "the loaded model other-model has fingerprint")
+    assert_error(result, "the loaded model other-model differs (fingerprint")
     assert "damaged" not in result.stderr
 
 

@@ -428,7 +428,6 @@ def check_names(config, tensors: dict[str, TensorInfo], where: str) -> None:
     them when it loads (its renamings and per-expert stacking, whose stacked shapes it
     checks itself)."""
     import torch
-
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
