@@ -174,6 +174,13 @@ def attend_rows(q, kq, ek, vq, ev, n, qpos, spec, coef, c1, c2, c3, c4, c5, out,
             out[h, r, d] = v / total
 
 
+@njit(inline="always", **exact_flags)
+def rotated(x, cos, sin, d):  # element d of x·cos + rotate_half(x)·sin, in fp32 as x is
+    half = x.shape[0] // 2
+    r = -x[d + half] if d < half else x[d - half]
+    return x[d] * cos[d] + r * sin[d]
+
+
 def rotate_store(q, k, v, cos, sin, keys, values, kq, ek, vq, ev, p0, kbits, vbits, qout):
     """A step's rotary and K/V write for one sequence and layer, step for step as the fused
     decoder's numpy rows and `PortableState.write` do them: q (heads, hd) and k (kv_heads,
@@ -183,13 +190,11 @@ def rotate_store(q, k, v, cos, sin, keys, values, kq, ek, vq, ev, p0, kbits, vbi
     as fp64 (kv_heads, groups, hd): what `attend_rows` reads."""
     kvh, hd = k.shape
     groups = q.shape[0] // kvh
-    half = hd // 2
     row = np.empty(hd, dtype=np.float32)
     ints = np.empty(hd)
     for h in range(kvh):
         for d in range(hd):
-            r = -k[h, d + half] if d < half else k[h, d - half]
-            row[d] = k[h, d] * cos[d] + r * sin[d]
+            row[d] = rotated(k[h], cos, sin, d)
         keys[h, p0] = row
         ek[h, p0, 0] = quantize_row(row, kbits, False, ints)
         kq[h, p0] = ints
@@ -197,10 +202,8 @@ def rotate_store(q, k, v, cos, sin, keys, values, kq, ek, vq, ev, p0, kbits, vbi
         ev[h, p0, 0] = quantize_row(v[h], vbits, False, ints)
         vq[h, p0] = ints
         for g in range(groups):
-            x = q[h * groups + g]
             for d in range(hd):
-                r = -x[d + half] if d < half else x[d - half]
-                qout[h, g, d] = np.float64(x[d] * cos[d] + r * sin[d])
+                qout[h, g, d] = np.float64(rotated(q[h * groups + g], cos, sin, d))
 
 
 KERNELS = {

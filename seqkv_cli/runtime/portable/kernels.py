@@ -349,41 +349,19 @@ def softmax_weights(
 def step_attention(q, k, v, cos, sin, state, layer: int, window, scaling: float) -> np.ndarray:
     """A step's attention for one sequence and layer, from its projections to its output, in
     two native calls: the rotary and the cache write (`PortableState.write`'s bits), then
-    `attend_rows` over the positions so far. q (heads, hd), k and v (kv_heads, hd), cos and
-    sin (hd,): fp32 numpy rows. Returns fp64 (heads, hd)."""
+    `attend_rows`' kernel over the positions so far. q (heads, hd), k and v (kv_heads, hd),
+    cos and sin (hd,): fp32 numpy rows. Returns fp64 (heads, hd)."""
     kvh, hd = k.shape
     groups = q.shape[0] // kvh
-    p0, arrays = state.length, state.arrays()
-    keys, values, kq, ek, vq, ev = (a[layer] for a in arrays)
+    p0 = state.length
+    keys, values, kq, ek, vq, ev = (a[layer] for a in state.arrays())
     qg = np.empty((kvh, groups, hd))
     _compiled()["rotate_store"](
         q, k, v, cos, sin, keys, values, kq, ek, vq, ev, p0, state.key_bits, state.value_bits, qg
     )
-    out = np.empty((kvh, groups, hd))
-    n, cap = p0 + 1, state.capacity
-    _run(
-        _compiled()["attend_rows"],
-        kvh * groups,
-        kvh * groups * n * hd * 2,
-        qg,
-        kq,
-        ek.reshape(kvh, cap),
-        vq,
-        ev.reshape(kvh, cap),
-        n,
-        np.full(groups, p0, dtype=np.int64),
-        _attention_spec(state, window, scaling),
-        *elementary.EXP_KERNEL,
-        out,
-        step=True,
-    )
+    qpos = np.full(groups, p0, dtype=np.int64)
+    out = _attend(qg, state, layer, p0 + 1, qpos, window, scaling, elementary.EXP_KERNEL)
     return out.reshape(kvh * groups, hd)
-
-
-def _attention_spec(state, window: int | None, scaling: float) -> tuple:
-    """What `attend_rows` reads of a state's widths, the window, form and scaling."""
-    w = -1.0 if window is None else float(window)
-    return (*map(float, state.bits), w, float(state.form), scaling)
 
 
 def attend_rows(
@@ -402,27 +380,39 @@ def attend_rows(
     positions of `state`'s ``layer`` (read in place: no copy of the cache per step); qpos (R,)
     each row's position. Returns fp64 (heads, R, hd).
     """
+    out = _attend(_np(q), state, layer, n, _np(qpos), window, scaling, constants)
+    return torch.from_numpy(out)
+
+
+def _attend(q, state, layer, n, qpos, window, scaling, constants) -> np.ndarray:
+    """`attend_rows` on numpy query rows (heads, R, hd) and positions (R,): fp64 (heads, R, hd)."""
     heads, rows, hd = q.shape
     out = np.empty((heads, rows, hd))
-    spec = _attention_spec(state, window, scaling)
+    spec = (
+        *map(float, state.bits),
+        -1.0 if window is None else float(window),
+        float(state.form),
+        scaling,
+    )
+    _, _, kq, ek, vq, ev = (a[layer] for a in state.arrays())
     cap = state.capacity
     _run(
         _compiled()["attend_rows"],
         heads * rows,
         heads * rows * n * hd * 2,  # a multiply-add a key and dimension in each product
-        _np(q),
-        _np(state.kq[layer]),
-        _np(state.ek[layer]).reshape(heads, cap),
-        _np(state.vq[layer]),
-        _np(state.ev[layer]).reshape(heads, cap),
+        q,
+        kq,
+        ek.reshape(heads, cap),
+        vq,
+        ev.reshape(heads, cap),
         n,
-        _np(qpos),
+        qpos,
         spec,
         *constants,
         out,
         step=True,
     )
-    return torch.from_numpy(out)
+    return out
 
 
 # -- the twins of the definition's functions (`runtime.native.definition`) ------------------
