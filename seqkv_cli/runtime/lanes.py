@@ -279,3 +279,184 @@ def _overload_mul(a, b):
     if a is f64x4 and b is f64x4:
         return lambda a, b: _mul(a, b)
     return None
+
+
+# --- a run of 32 quants as int16 lanes, multiplied by 16-bit limbs -----------------------------
+#
+# A run whose scale (and offset) are whole numbers has integers ``c1·q (+ c0)`` exactly, so its
+# sum with x is ``c1·Σ q·x (+ c0·Σ x)``: the per-value rounding drops out and what remains is
+# a sum of small integers q times x. With x split into two int16 limbs (``x = xh·2**16 + xl``)
+# those are 16-bit products summed in pairs into 32-bit lanes — `pmaddwd`, 16 products an
+# instruction on AVX2 where fp64 lanes take four — which LLVM makes of the plain mul-and-add
+# below (or what another target has). Every step is integer arithmetic that cannot overflow
+# (|q| <= 2**7, |limb| <= 2**15, four products a 32-bit lane), then one exact widening to fp64.
+
+RUN = 32
+_I8, _I16 = ir.IntType(8), ir.IntType(16)
+_VQ = ir.VectorType(_I16, RUN)
+
+
+class I16x32Type(types.Type):
+    def __init__(self) -> None:
+        super().__init__(name="i16x32")
+
+
+i16x32 = I16x32Type()
+
+
+@register_model(I16x32Type)
+class _I16x32Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type) -> None:
+        super().__init__(dmm, fe_type, _VQ)
+
+
+def _indices(values):
+    values = list(values)
+    return ir.Constant(ir.VectorType(_I32, len(values)), [ir.Constant(_I32, v) for v in values])
+
+
+def _bytes(context, builder, arrty, arr, index, n):
+    """The n bytes at arr[index..] (a uint8 array) as an <n x i8>."""
+    vb = ir.VectorType(_I8, n)
+    return builder.load(_address(context, builder, arrty, arr, index, vb), align=1)
+
+
+def _same(builder, vtype, value):  # one integer in every lane of an integer vector
+    scalar = builder.trunc(value, vtype.element) if value.type != vtype.element else value
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), scalar, _I32(0))
+    return builder.shuffle_vector(v, v, _indices([0] * vtype.count))
+
+
+@intrinsic
+def split_nibbles(typingctx, arr, i):
+    """Q4_0's layout: the 16 bytes at arr[i..i+15], low nibbles (elements 0..15) then high."""
+
+    def codegen(context, builder, sig, args):
+        b = _bytes(context, builder, sig.args[0], *args, 16)
+        low = builder.and_(b, _same(builder, b.type, _I8(15)))
+        high = builder.lshr(b, _same(builder, b.type, _I8(4)))
+        return builder.zext(builder.shuffle_vector(low, high, _indices(range(RUN))), _VQ)
+
+    return i16x32(arr, types.intp), codegen
+
+
+@intrinsic
+def field(typingctx, arr, i, shift, mask):
+    """``(b >> shift) & mask`` of each of the 32 bytes b at arr[i..i+31]."""
+
+    def codegen(context, builder, sig, args):
+        b = builder.zext(_bytes(context, builder, sig.args[0], args[0], args[1], RUN), _VQ)
+        shift_, mask_ = (_same(builder, _VQ, a) for a in args[2:])
+        return builder.and_(builder.lshr(b, shift_), mask_)
+
+    return i16x32(arr, types.intp, types.intp, types.intp), codegen
+
+
+@intrinsic
+def word_bits(typingctx, arr, w):
+    """Bit j of the little-endian 32-bit word at arr[w..w+3] in lane j (Q5_0's fifth bits):
+    each byte repeated in eight lanes, each lane testing its own bit."""
+
+    def codegen(context, builder, sig, args):
+        b = _bytes(context, builder, sig.args[0], *args, 4)
+        spread = builder.shuffle_vector(b, b, _indices([j // 8 for j in range(RUN)]))
+        v8 = spread.type
+        masks = ir.Constant(v8, [ir.Constant(_I8, 1 << (j % 8)) for j in range(RUN)])
+        bit = builder.icmp_unsigned("!=", builder.and_(spread, masks), ir.Constant(v8, None))
+        return builder.zext(bit, _VQ)
+
+    return i16x32(arr, types.intp), codegen
+
+
+@intrinsic
+def signed_run(typingctx, arr, i):
+    """The 32 bytes at arr[i..i+31] read as int8."""
+
+    def codegen(context, builder, sig, args):
+        return builder.sext(_bytes(context, builder, sig.args[0], *args, RUN), _VQ)
+
+    return i16x32(arr, types.intp), codegen
+
+
+@intrinsic
+def joined(typingctx, low, high, shift, offset):
+    """``low + (high << shift) - offset`` lane by lane (a quant's bits put together)."""
+
+    def codegen(context, builder, sig, args):
+        up = builder.shl(args[1], _same(builder, _VQ, args[2]))
+        return builder.sub(builder.add(args[0], up), _same(builder, _VQ, args[3]))
+
+    return i16x32(i16x32, i16x32, types.intp, types.intp), codegen
+
+
+@intrinsic
+def minus(typingctx, q, offset):
+    """``q - offset`` lane by lane."""
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], _same(builder, _VQ, args[1]))
+
+    return i16x32(i16x32, types.intp), codegen
+
+
+def _limb_sums(context, builder, sig, args, pairs):
+    """Σ q·x over the elements of `pairs` (neighbour pairs 0..15 of the 32), as fp64 lanes."""
+    v32 = ir.VectorType(_I32, RUN)
+    wide = builder.sext(args[0], v32)
+    sums = []
+    for arrty, arr in ((sig.args[1], args[1]), (sig.args[2], args[2])):
+        x = builder.load(_address(context, builder, arrty, arr, args[3], _VQ), align=2)
+        m = builder.mul(wide, builder.sext(x, v32))
+        # pairs of neighbours (the shape `pmaddwd` is matched from), then halves
+        s = builder.add(
+            builder.shuffle_vector(m, m, _indices(range(0, RUN, 2))),
+            builder.shuffle_vector(m, m, _indices(range(1, RUN, 2))),
+        )
+        if len(pairs) < s.type.count:
+            s = builder.shuffle_vector(s, s, _indices(pairs))
+        while s.type.count > LANES:
+            n = s.type.count // 2
+            s = builder.add(
+                builder.shuffle_vector(s, s, _indices(range(n))),
+                builder.shuffle_vector(s, s, _indices(range(n, 2 * n))),
+            )
+        sums.append(builder.sitofp(s, _VD))
+    unit = ir.Constant(_VD, [ir.Constant(ir.DoubleType(), 2.0**16)] * LANES)
+    return builder.fadd(builder.fmul(sums[1], unit), sums[0])
+
+
+@intrinsic
+def limb_dot(typingctx, q, low, high, o):
+    """Σ q·x over the run, x = high·2**16 + low at elements o..o+31 of two int16 arrays, as
+    four fp64 lanes of partial sums (each exact: below 2**42)."""
+
+    def codegen(context, builder, sig, args):
+        return _limb_sums(context, builder, sig, args, range(RUN // 2))
+
+    if not (low.dtype == high.dtype == types.int16):
+        return None
+    return f64x4(i16x32, low, high, types.intp), codegen
+
+
+@intrinsic
+def limb_dot_first(typingctx, q, low, high, o):
+    """`limb_dot` over elements 0..15 only (the first of two runs of 16)."""
+
+    def codegen(context, builder, sig, args):
+        return _limb_sums(context, builder, sig, args, range(RUN // 4))
+
+    if not (low.dtype == high.dtype == types.int16):
+        return None
+    return f64x4(i16x32, low, high, types.intp), codegen
+
+
+@intrinsic
+def limb_dot_second(typingctx, q, low, high, o):
+    """`limb_dot` over elements 16..31 only (the second of two runs of 16)."""
+
+    def codegen(context, builder, sig, args):
+        return _limb_sums(context, builder, sig, args, range(RUN // 4, RUN // 2))
+
+    if not (low.dtype == high.dtype == types.int16):
+        return None
+    return f64x4(i16x32, low, high, types.intp), codegen

@@ -56,6 +56,36 @@ def test_every_kinds_products_agree_with_the_reference():
     assert canary.kernels_agree(tuple(sorted(KINDS)))
 
 
+def test_limbs_split_every_integer_they_hold_and_refuse_the_rest():
+    """x = high·2**16 + low with low in [-2**15, 2**15): at the limbs' edges, and the one
+    integer past LIMB_MAX makes the whole row take the per-value path."""
+    if not native.enabled():
+        pytest.skip("numba is not installed")
+    from numba import njit
+
+    from seqkv_cli.runtime.portable import jitted_weights as jw
+
+    limbs_of = njit(lambda x, lo, hi, s, m: jw.limbs_of(x, lo, hi, s, m))
+    edge = jw.LIMB_MAX
+    x = np.array(
+        [0, 1, -1, 2**15 - 1, 2**15, -(2**15), -(2**15) - 1, 2**16, edge, -edge, 123456789]
+        + [-987654321] * 21
+        + list(range(32)),
+        dtype=np.float64,
+    )
+    lo, hi = np.empty(64, np.int16), np.empty(64, np.int16)
+    sums, mass = np.empty(2), np.empty(2)
+    assert limbs_of(x, lo, hi, sums, mass)
+    assert np.array_equal(hi.astype(np.int64) * 65536 + lo, x.astype(np.int64))
+    assert lo.min() >= -(2**15) and lo.max() < 2**15
+    assert sums.tolist() == [x[:32].sum(), x[32:].sum()]
+    assert mass.tolist() == [np.abs(x[:32]).sum(), np.abs(x[32:]).sum()]
+    for beyond in (edge + 1, -edge - 1, 2.0**31):
+        y = x.copy()
+        y[40] = beyond
+        assert not limbs_of(y, lo, hi, sums, mass)
+
+
 def test_a_damaged_shape_and_an_index_out_of_range_are_refused():
     kind = KINDS["q8_0"]
     raw = stored_array(kind, _random_rows(kind, 2, 64, 0))
@@ -240,10 +270,12 @@ def _scaled_rows(kind, rows: int, k: int, seed: int, scale_exponents) -> np.ndar
 
 @pytest.mark.parametrize("name", sorted(set(KINDS) - {"f32", "f16", "bf16"}))
 def test_a_steps_run_sums_are_the_references_integer_sums(name):
-    """A one-row step makes each element's integer from its run's scaled scale and offset in
-    fp64 lanes: the same bits as the reference, with scales as checkpoints have them, in many
-    binades, large, a run whose offset cancels its scale, and activations at the L1 form's
-    bound (one-hot: a single integer of 2**31)."""
+    """A one-row step sums a run whose scale (and offset) are whole numbers as c1·Σq·x in
+    16-bit limbs, and any other run per value in fp64 lanes: the same bits as the reference,
+    with scales as checkpoints have them (whole), in many binades (some not), large, a run
+    whose offset cancels its scale (an offset row above the limbs' bound: per value), and
+    activations at the L1 form's bound (one-hot: a single integer of 2**31, beyond the
+    limbs) or two near 2**30."""
     from seqkv_cli.runtime.portable import exact, kernels
     from seqkv_cli.runtime.portable.weights import StoredRows, WeightCache
 
@@ -262,7 +294,10 @@ def test_a_steps_run_sums_are_the_references_integer_sums(name):
     rng = np.random.default_rng(4)
     xs = {
         "normal": torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)),
+        # a single integer of 2**31: beyond the 16-bit limbs, so every run sums per value
         "one-hot": torch.zeros(1, k).index_fill_(1, torch.tensor([7]), 3.0),
+        # two integers near 2**30 in one run of 32, the rest small: the limbs' high halves
+        "two-hot": torch.zeros(1, k).index_fill_(1, torch.tensor([9, 40]), -2.0) + 1e-6,
     }
     for label, raw in cases.items():
         stored = StoredTensor(kind, stored_array(kind, raw), (24, k))

@@ -102,6 +102,11 @@ def lanes_q8_0(row, blk, r, j):
 # Q4_0 and Q4_1: one run of 32, the low nibbles of the 16 bytes (elements 0..15), then the
 # high ones: one scale a block, so one run's set-up a block, not two.
 @njit(**inline)
+def run_q8_0(row, blk, r):
+    return lanes.signed_run(row, blk * 34 + 2)
+
+
+@njit(**inline)
 def scales_q4_0(row, blk, down, c1, c0):
     c1[0] = half(row[blk * 18], row[blk * 18 + 1]) * down
 
@@ -109,6 +114,11 @@ def scales_q4_0(row, blk, down, c1, c0):
 @njit(**inline)
 def lanes_q4_0(row, blk, r, j):
     return lanes.bytes_field(row, blk * 18 + 2 + (j & 15), 4 * (j >> 4), 15) - lanes.splat(8.0)
+
+
+@njit(**inline)
+def run_q4_0(row, blk, r):
+    return lanes.minus(lanes.split_nibbles(row, blk * 18 + 2), 8)
 
 
 @njit(**inline)
@@ -124,6 +134,11 @@ def lanes_q4_1(row, blk, r, j):
 
 
 @njit(**inline)
+def run_q4_1(row, blk, r):
+    return lanes.minus(lanes.split_nibbles(row, blk * 20 + 4), 8)
+
+
+@njit(**inline)
 def scales_q5_0(row, blk, down, c1, c0):  # one run of 32, as Q4_0
     c1[0] = half(row[blk * 22], row[blk * 22 + 1]) * down
 
@@ -132,6 +147,12 @@ def scales_q5_0(row, blk, down, c1, c0):  # one run of 32, as Q4_0
 def lanes_q5_0(row, blk, r, j):  # a nibble, and bit j of the 32-bit word as its fifth
     o = blk * 22
     return lanes.five_bits(row, o + 6 + (j & 15), 4 * (j >> 4), o + 2, j, 16)
+
+
+@njit(**inline)
+def run_q5_0(row, blk, r):
+    o = blk * 22
+    return lanes.joined(lanes.split_nibbles(row, o + 6), lanes.word_bits(row, o + 2), 4, 16)
 
 
 @njit(**inline)
@@ -145,6 +166,12 @@ def scales_q5_1(row, blk, down, c1, c0):  # one run of 32, as Q4_1
 def lanes_q5_1(row, blk, r, j):
     o = blk * 24
     return lanes.five_bits(row, o + 8 + (j & 15), 4 * (j >> 4), o + 4, j, 0)
+
+
+@njit(**inline)
+def run_q5_1(row, blk, r):
+    o = blk * 24
+    return lanes.joined(lanes.split_nibbles(row, o + 8), lanes.word_bits(row, o + 4), 4, 16)
 
 
 @njit(**inline)
@@ -215,6 +242,11 @@ def lanes_q4_k(row, blk, r, j):  # 32 bytes for runs 2g, 2g + 1: low nibbles, th
 
 
 @njit(**inline)
+def run_q4_k(row, blk, r):
+    return lanes.minus(lanes.field(row, blk * 144 + 16 + (r // 2) * 32, 4 * (r % 2), 15), 8)
+
+
+@njit(**inline)
 def scales_q5_k(row, blk, down, c1, c0):
     _scales_k4(row, blk * 176, down, c1, c0)
 
@@ -224,6 +256,13 @@ def lanes_q5_k(row, blk, r, j):  # as Q4_K, and bit r of byte j of the 32 high-b
     o = blk * 176
     q = lanes.bytes_field(row, o + 48 + (r // 2) * 32 + j, 4 * (r % 2), 15)
     return lanes.fma(lanes.bytes_field(row, o + 16 + j, r, 1), lanes.splat(16.0), q)
+
+
+@njit(**inline)
+def run_q5_k(row, blk, r):
+    o = blk * 176
+    q = lanes.field(row, o + 48 + (r // 2) * 32, 4 * (r % 2), 15)
+    return lanes.joined(q, lanes.field(row, o + 16, r, 1), 4, 16)
 
 
 @njit(**inline)
@@ -243,29 +282,42 @@ def lanes_q6_k(row, blk, r, j):  # element 16r + j of half g = r // 8: 4 low bit
     return lanes.fma(high, lanes.splat(16.0), low) - lanes.splat(32.0)
 
 
+@njit(**inline)
+def run_q6_k(row, blk, r):  # runs r and r + 1 (r even): 32 consecutive t, as lanes_q6_k reads
+    o = blk * 210
+    g, t = r // 8, (r % 8) * 16
+    low = lanes.field(row, o + g * 64 + t % 64, 4 * (t // 64), 15)
+    return lanes.joined(low, lanes.field(row, o + 128 + g * 32, 2 * (t // 32), 3), 4, 32)
+
+
 @dataclass(frozen=True)
 class Blocks:
     """A block kind's table entry: elements a block and a run, whether values carry an
-    offset (then rounded to fp32 once), and its two functions."""
+    offset (then rounded to fp32 once), its two functions, and a third where runs fill 32
+    lanes: `run_<kind>(row, blk, r)`, the quants of run r (of runs r and r + 1 where runs
+    are 16 long) as int16 lanes (`lanes.i16x32`), centred: a scaled kind's as its values
+    are, an offset kind's quants 0..top less (top + 1) / 2."""
 
     block: int
     run: int
     affine: bool
     scales: object
     lanes: object
+    whole_run: object = None
+    top: int = 0
 
 
 BLOCKS = {
-    "q8_0": Blocks(32, 32, False, scales_q8_0, lanes_q8_0),
-    "q4_0": Blocks(32, 32, False, scales_q4_0, lanes_q4_0),
-    "q4_1": Blocks(32, 32, True, scales_q4_1, lanes_q4_1),
-    "q5_0": Blocks(32, 32, False, scales_q5_0, lanes_q5_0),
-    "q5_1": Blocks(32, 32, True, scales_q5_1, lanes_q5_1),
+    "q8_0": Blocks(32, 32, False, scales_q8_0, lanes_q8_0, run_q8_0),
+    "q4_0": Blocks(32, 32, False, scales_q4_0, lanes_q4_0, run_q4_0),
+    "q4_1": Blocks(32, 32, True, scales_q4_1, lanes_q4_1, run_q4_1, 15),
+    "q5_0": Blocks(32, 32, False, scales_q5_0, lanes_q5_0, run_q5_0),
+    "q5_1": Blocks(32, 32, True, scales_q5_1, lanes_q5_1, run_q5_1, 31),
     "q2_k": Blocks(256, 16, True, scales_q2_k, lanes_q2_k),
     "q3_k": Blocks(256, 16, False, scales_q3_k, lanes_q3_k),
-    "q4_k": Blocks(256, 32, True, scales_q4_k, lanes_q4_k),
-    "q5_k": Blocks(256, 32, True, scales_q5_k, lanes_q5_k),
-    "q6_k": Blocks(256, 16, False, scales_q6_k, lanes_q6_k),
+    "q4_k": Blocks(256, 32, True, scales_q4_k, lanes_q4_k, run_q4_k, 15),
+    "q5_k": Blocks(256, 32, True, scales_q5_k, lanes_q5_k, run_q5_k, 31),
+    "q6_k": Blocks(256, 16, False, scales_q6_k, lanes_q6_k, run_q6_k),
 }
 
 
@@ -293,6 +345,7 @@ def block_bindings(kind: str) -> dict:
         "AFFINE": b.affine,
         "scales": b.scales,
         "quants": b.lanes,
+        "whole_run": b.whole_run,
     }
 
 

@@ -18,6 +18,14 @@ four fp64 lanes (`runtime.lanes`): with ``down = 2**(bits - E)`` and a run's ``c
 adds ``x · integer`` terms, integers below 2**53 with every partial sum below it too (the
 definition's bound), in four accumulators of four lanes: exact in any order, so the bits are
 the reference's. Float kinds widen their elements and sum as plain loops.
+
+Where a run's c1 and c0 are whole numbers — in every checkpoint measured, all of them: a
+scale's 11 significant bits sit well above the row's unit — no element needs rounding, and a
+step sums the run as ``c1·Σ q·x (+ c0·Σ x)``: the quants as int16 lanes, x as two int16 limbs,
+their products in 32-bit lanes (`lanes.limb_dot`, `pmaddwd` on x86), eight to sixteen times
+as many products an instruction as fp64 lanes (`dot_whole_runs`; docs/NUMERICS.md says why
+the sums stay exact). Any run that is not whole, and any row whose x does not fit the limbs,
+takes the per-value path above.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ from seqkv_cli.runtime.portable.jitted import (
 )
 
 ROWS_PER_TASK = 16  # weight rows one task of a product kernel takes (its own buffers)
+# |x| a pair of int16 limbs holds (x = high·2**16 + low, low in [-2**15, 2**15)), with room
+LIMB_MAX = 2.0**31 - 2.0**16
+# An offset kind's bound on its row's two sums: below 2**53 by more than the bound's own
+# rounding (a sum of at most 2**16 runs' terms, each rounded twice)
+BOUND_LIMIT = 2.0**53 * (1.0 - 2.0**-30)
 F16_TO_F32 = 2.0**112  # an fp16's bits moved into an fp32's fields, times this: its value
 
 
@@ -51,28 +64,109 @@ def scaled_integers(c1, q, c0, whole):  # rint(c1·q): the value a·q is exact
     return c1 * q if whole else lanes.rint(c1 * q)
 
 
+@njit(inline="always", **exact_flags)
+def limbs_of(x, low, high, sums, mass):
+    """x's int16 limbs, and Σ x and Σ |x| of each run of 32 (`dot_whole_runs`); False where
+    some |x| is beyond the limbs, and then no run takes them."""
+    sums[:] = 0.0
+    mass[:] = 0.0
+    for k in range(x.shape[0]):
+        v = x[k]
+        if abs(v) > LIMB_MAX:
+            return False
+        i = np.int64(v)
+        lo = ((i + 32768) & 65535) - 32768
+        low[k] = lo
+        high[k] = (i - lo) >> 16
+        sums[k // lanes.RUN] += v
+        mass[k // lanes.RUN] += abs(v)
+    return True
+
+
 # --- row functions: templates over a kind's bindings ----------------------------------------
 
 
-def dot_blocks(raw, down, x, c1, c0):  # template (BLOCK, RUN, scales, quants, integers)
-    """Σ x · integers of one row of blocks; c1, c0: scratch of a block's runs."""
+def dot_run(raw, blk, r, x, c1, c0, acc):  # template (BLOCK, RUN, quants, integers)
+    """acc + Σ x · integers of run r of block blk, per value (four lane accumulators, then
+    one add: a run's lanes are independent of the next run's)."""
+    s1, s0 = lanes.splat(c1[r]), lanes.splat(c0[r])
+    whole = c1[r] == np.rint(c1[r]) and c0[r] == np.rint(c0[r])
     a0 = a1 = a2 = a3 = lanes.zeros()
+    for j in range(0, RUN, GROUP):  # noqa: F821
+        o = blk * BLOCK + r * RUN + j  # noqa: F821
+        w0 = integers(s1, quants(raw, blk, r, j), s0, whole)  # noqa: F821
+        w1 = integers(s1, quants(raw, blk, r, j + 4), s0, whole)  # noqa: F821
+        w2 = integers(s1, quants(raw, blk, r, j + 8), s0, whole)  # noqa: F821
+        w3 = integers(s1, quants(raw, blk, r, j + 12), s0, whole)  # noqa: F821
+        a0 = lanes.fma(lanes.load(x, o), w0, a0)
+        a1 = lanes.fma(lanes.load(x, o + 4), w1, a1)
+        a2 = lanes.fma(lanes.load(x, o + 8), w2, a2)
+        a3 = lanes.fma(lanes.load(x, o + 12), w3, a3)
+    return acc + ((a0 + a1) + (a2 + a3))
+
+
+def dot_blocks(raw, down, x, c1, c0, low, high, sums, mass, others, fits):  # template
+    """Σ x · integers of one row of blocks, every run per value; c1, c0: scratch of a block's
+    runs (the rest of the arguments are `dot_whole_runs`'). The loop is `dot_run`'s, written
+    out: as a call inlined per run it ran 2.5 x slower (Q6_K, measured)."""
+    acc = lanes.zeros()
     for blk in range(x.shape[0] // BLOCK):  # noqa: F821
         scales(raw, blk, down, c1, c0)  # noqa: F821
         for r in range(BLOCK // RUN):  # noqa: F821
-            s1, s0 = lanes.splat(c1[r]), lanes.splat(c0[r])
-            whole = c1[r] == np.rint(c1[r]) and c0[r] == np.rint(c0[r])
-            for j in range(0, RUN, GROUP):  # noqa: F821
-                o = blk * BLOCK + r * RUN + j  # noqa: F821
-                w0 = integers(s1, quants(raw, blk, r, j), s0, whole)  # noqa: F821
-                w1 = integers(s1, quants(raw, blk, r, j + 4), s0, whole)  # noqa: F821
-                w2 = integers(s1, quants(raw, blk, r, j + 8), s0, whole)  # noqa: F821
-                w3 = integers(s1, quants(raw, blk, r, j + 12), s0, whole)  # noqa: F821
-                a0 = lanes.fma(lanes.load(x, o), w0, a0)
-                a1 = lanes.fma(lanes.load(x, o + 4), w1, a1)
-                a2 = lanes.fma(lanes.load(x, o + 8), w2, a2)
-                a3 = lanes.fma(lanes.load(x, o + 12), w3, a3)
-    return lanes.total((a0 + a1) + (a2 + a3))
+            acc = run_dot(raw, blk, r, x, c1, c0, acc)  # noqa: F821
+    return lanes.total(acc)
+
+
+def dot_whole_runs(raw, down, x, c1, c0, low, high, sums, mass, others, fits):  # template
+    """`dot_blocks` where a run's scale (and offset) are whole numbers: its integers are
+    ``c1·q + c0`` exactly, so its sum is ``c1·Σ q·x + c0·Σ x`` with Σ q·x in 16-bit limbs
+    (`lanes.limb_dot`). A scaled kind's ``c1·q`` is its integer, so each lane's partial sum
+    is one of the definition's and exact. An offset kind's quants are centred (``q - h``,
+    with ``c0 + h·c1`` for c0) and its two sums are not the definition's, so the row's bound
+    on them, Σ (h·|c1| + |c0|)·Σ|x| over its runs, must be below 2**53 (with room for the
+    bound's own rounding); a row above it is summed per value instead. Runs that are not
+    whole are listed and taken per value after the loop, which then holds no call and keeps
+    its accumulators in registers."""
+    acc = lanes.zeros()
+    offsets = bound = 0.0
+    n_others = 0
+    per_block = BLOCK // RUN  # noqa: F821
+    for blk in range(x.shape[0] // BLOCK):  # noqa: F821
+        scales(raw, blk, down, c1, c0)  # noqa: F821
+        if RUN == 16:  # noqa: F821 (two runs of 16 fill the 32 lanes; scaled kinds only)
+            for r in range(0, per_block, 2):
+                a, a2 = c1[r], c1[r + 1]
+                if fits and a == np.rint(a) and a2 == np.rint(a2):
+                    q = whole_run(raw, blk, r)  # noqa: F821
+                    o = blk * BLOCK + r * RUN  # noqa: F821
+                    acc = lanes.fma(lanes.splat(a), lanes.limb_dot_first(q, low, high, o), acc)
+                    acc = lanes.fma(lanes.splat(a2), lanes.limb_dot_second(q, low, high, o), acc)
+                else:
+                    others[n_others] = blk * per_block + r
+                    others[n_others + 1] = blk * per_block + r + 1
+                    n_others += 2
+            continue
+        for r in range(per_block):
+            o = blk * BLOCK + r * RUN  # noqa: F821
+            a = c1[r]
+            if fits and a == np.rint(a) and (not AFFINE or c0[r] == np.rint(c0[r])):  # noqa: F821
+                q = whole_run(raw, blk, r)  # noqa: F821
+                acc = lanes.fma(lanes.splat(a), lanes.limb_dot(q, low, high, o), acc)
+                if AFFINE:  # noqa: F821
+                    b = c0[r] + CENTRE * a  # noqa: F821
+                    offsets += b * sums[o // RUN]  # noqa: F821
+                    bound += (CENTRE * abs(a) + abs(b)) * mass[o // RUN]  # noqa: F821
+            else:
+                others[n_others] = blk * per_block + r
+                n_others += 1
+    if AFFINE and bound > BOUND_LIMIT:  # noqa: F821
+        return np.nan  # the caller (`step`) sums this row per value
+    rest = lanes.zeros()
+    for i in range(n_others):
+        blk, r = others[i] // per_block, others[i] % per_block
+        scales(raw, blk, down, c1, c0)  # noqa: F821
+        rest = run_dot(raw, blk, r, x, c1, c0, rest)  # noqa: F821
+    return (lanes.total(acc) + offsets) + lanes.total(rest)
 
 
 def ints_blocks(raw, down, out, c1, c0):  # template, as dot_blocks
@@ -89,7 +183,7 @@ def scratch_blocks(k_len):  # a block's run scales
     return np.empty(BLOCK // RUN), np.zeros(BLOCK // RUN)  # noqa: F821
 
 
-def dot_f32(raw, down, x, c1, c0):
+def dot_f32(raw, down, x, c1, c0, low, high, sums, mass, others, fits):
     acc = 0.0
     for k in range(x.shape[0]):
         acc += x[k] * np.rint(np.float64(raw[k]) * down)
@@ -119,7 +213,9 @@ def widen_f16(raw, bits):  # fields moved into an fp32's places; value = that fp
     return bits.view(np.float32)
 
 
-def dot_widened(raw, down, x, c1, c0):  # template (widen, unit per kind)
+def dot_widened(
+    raw, down, x, c1, c0, low, high, sums, mass, others, fits
+):  # template (widen, unit per kind)
     f = widen(raw, c1)  # noqa: F821 (c1: the row's fp32 bits)
     acc = 0.0
     for k in range(x.shape[0]):
@@ -158,6 +254,11 @@ def step(x, right, l1, raw, peak, bits, out, first, stop):
     back = np.empty(m_rows)
     for m in range(m_rows):
         back[m] = pow2(quantize_row(x[m], right, l1, xq[m]))
+    runs = -(-k_len // lanes.RUN)
+    low, high = np.empty(k_len, np.int16), np.empty(k_len, np.int16)
+    sums, mass = np.empty(runs), np.empty(runs)
+    fits = m_rows == 1 and limbs_of(xq[0], low, high, sums, mass)
+    others = np.empty(2 * runs, np.int64)
     n_rows = raw.shape[0]
     for task in range(first, stop):
         c1, c0 = new_scratch(k_len)  # noqa: F821
@@ -166,7 +267,11 @@ def step(x, right, l1, raw, peak, bits, out, first, stop):
             down, col = pow2(bits - peak[n]), pow2(peak[n] - bits)
             # 2**(ex + ew) = 2**ex · 2**ew exactly (normal exponents: exact.quantize_rows)
             if m_rows == 1:
-                out[0, n] = dot_row(raw[n], down, xq[0], c1, c0) * (back[0] * col)  # noqa: F821
+                row = raw[n]
+                dot = dot_row(row, down, xq[0], c1, c0, low, high, sums, mass, others, fits)  # noqa: F821
+                if dot != dot:  # a row whose sums dot_row cannot vouch for
+                    dot = per_value(row, down, xq[0], c1, c0, low, high, sums, mass, others, fits)  # noqa: F821
+                out[0, n] = dot * (back[0] * col)
             else:
                 ints_row(raw[n], down, buf, c1, c0)  # noqa: F821
                 for m in range(m_rows):
@@ -195,7 +300,11 @@ def _row_functions(kind: str) -> dict:
         bound = block_bindings(kind)
         bound["integers"] = affine_integers if BLOCKS[kind].affine else scaled_integers
         bound["GROUP"] = GROUP
-        fns = (dot_blocks, ints_blocks, scratch_blocks)
+        bound["run_dot"] = njit(**inline)(specialise(dot_run, kind, **bound))
+        bound["BOUND_LIMIT"] = BOUND_LIMIT
+        bound["CENTRE"] = float((BLOCKS[kind].top + 1) // 2)
+        dot = dot_whole_runs if BLOCKS[kind].whole_run is not None else dot_blocks
+        fns = (dot, ints_blocks, scratch_blocks)
         dot_flags = inline
     elif kind == "f32":
         bound, fns, dot_flags = {}, (dot_f32, ints_f32, scratch_f32), sum_flags
@@ -204,10 +313,15 @@ def _row_functions(kind: str) -> dict:
         bound = {"widen": njit(**inline)(specialise(widen, kind))}
         bound["unit"] = 1.0 if kind == "bf16" else F16_TO_F32
         fns, dot_flags = (dot_widened, ints_widened, scratch_widened), sum_flags
+    dot_row = njit(**dot_flags)(specialise(fns[0], kind, **bound))
+    per_value = dot_row
+    if kind in BLOCKS:  # a call, not inlined: it takes a rare row, and the loop keeps its registers
+        per_value = njit(**exact_flags)(specialise(dot_blocks, kind, **bound))
     return {
+        "per_value": per_value,
         # the float kinds' plain loops are compiled apart with reassociation (the terms are
         # integers below 2**53): numba would give an inlined copy its caller's flags
-        "dot_row": njit(**dot_flags)(specialise(fns[0], kind, **bound)),
+        "dot_row": dot_row,
         "ints_row": njit(**inline)(specialise(fns[1], kind, **bound)),
         "new_scratch": njit(**inline)(specialise(fns[2], kind, **bound)),
     }
