@@ -146,8 +146,8 @@ class FusedDecoder:
         l1 = self.form == exact.L1
         outs = []
         for module in modules:
-            part, peaks, bias = self._held.get(module) or self._hold(module)
-            out = kernels.stored_step(x, bits, l1, part, peaks, bits)
+            part, peaks, runs, bias = self._held.get(module) or self._hold(module)
+            out = kernels.stored_step(x, bits, l1, part, peaks, bits, runs)
             if bias is not None:
                 out = out + bias
             outs.append(out.astype(np.float32))
@@ -155,14 +155,15 @@ class FusedDecoder:
 
     def _hold(self, module) -> tuple:
         """What a step's product of ``module`` reads, looked up once a process: its stored
-        weight (the canary's step check run for its kind first), row peaks and fp64 bias.
+        weight (the canary's step check run for its kind first), row peaks and run bounds,
+        and fp64 bias.
         Norms likewise: their fp32 weight and epsilon."""
         if isinstance(module, torch.nn.Linear):
             part = self.weights.stored(module.weight)
             self.weights.before_step(part.kind.name, self.form)
             bias = module.bias
             bias = None if bias is None else bias.detach().numpy().astype(np.float64)
-            held = (part, self.weights.peaks(part), bias)
+            held = (part, self.weights.peaks(part), self.weights.runs(part), bias)
         else:
             held = (module.weight.detach().numpy(), np.float32(module.variance_epsilon))
         self._held[module] = held

@@ -30,6 +30,8 @@ takes the per-value path above.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -105,19 +107,34 @@ def dot_run(raw, blk, r, x, c1, c0, acc):  # template (BLOCK, RUN, quants, integ
     return acc + ((a0 + a1) + (a2 + a3))
 
 
-def dot_blocks(raw, down, x, c1, c0, low, high, sums, mass, others, fits):  # template
+def dot_blocks(
+    raw, down, x, c1, c0, low, high, sums, mass, others, fits, shifted, reach
+):  # template
     """Σ x · integers of one row of blocks, every run per value; c1, c0: scratch of a block's
     runs (the rest of the arguments are `dot_whole_runs`'). The loop is `dot_run`'s, written
     out: as a call inlined per run it ran 2.5 x slower (Q6_K, measured)."""
-    acc = lanes.zeros()
+    a0 = a1 = a2 = a3 = lanes.zeros()
     for blk in range(x.shape[0] // BLOCK):  # noqa: F821
         scales(raw, blk, down, c1, c0)  # noqa: F821
         for r in range(BLOCK // RUN):  # noqa: F821
-            acc = run_dot(raw, blk, r, x, c1, c0, acc)  # noqa: F821
-    return lanes.total(acc)
+            s1, s0 = lanes.splat(c1[r]), lanes.splat(c0[r])
+            whole = c1[r] == np.rint(c1[r]) and c0[r] == np.rint(c0[r])
+            for j in range(0, RUN, GROUP):  # noqa: F821
+                o = blk * BLOCK + r * RUN + j  # noqa: F821
+                w0 = integers(s1, quants(raw, blk, r, j), s0, whole)  # noqa: F821
+                w1 = integers(s1, quants(raw, blk, r, j + 4), s0, whole)  # noqa: F821
+                w2 = integers(s1, quants(raw, blk, r, j + 8), s0, whole)  # noqa: F821
+                w3 = integers(s1, quants(raw, blk, r, j + 12), s0, whole)  # noqa: F821
+                a0 = lanes.fma(lanes.load(x, o), w0, a0)
+                a1 = lanes.fma(lanes.load(x, o + 4), w1, a1)
+                a2 = lanes.fma(lanes.load(x, o + 8), w2, a2)
+                a3 = lanes.fma(lanes.load(x, o + 12), w3, a3)
+    return lanes.total((a0 + a1) + (a2 + a3))
 
 
-def dot_whole_runs(raw, down, x, c1, c0, low, high, sums, mass, others, fits):  # template
+def dot_whole_runs(
+    raw, down, x, c1, c0, low, high, sums, mass, others, fits, shifted, reach
+):  # template
     """`dot_blocks` where a run's scale (and offset) are whole numbers: its integers are
     ``c1·q + c0`` exactly, so its sum is ``c1·Σ q·x + c0·Σ x`` with Σ q·x in 16-bit limbs
     (`lanes.limb_dot`). A scaled kind's ``c1·q`` is its integer, so each lane's partial sum
@@ -131,12 +148,15 @@ def dot_whole_runs(raw, down, x, c1, c0, low, high, sums, mass, others, fits):  
     offsets = bound = 0.0
     n_others = 0
     per_block = BLOCK // RUN  # noqa: F821
+    # the row's own bounds, made once at load (`run_bounds`): every run whole at this shift,
+    # and an offset kind's sums below 2**53 for this x, so no run needs its own checks
+    sure = fits and shifted and reach < BOUND_LIMIT
     for blk in range(x.shape[0] // BLOCK):  # noqa: F821
         scales(raw, blk, down, c1, c0)  # noqa: F821
         if RUN == 16:  # noqa: F821 (two runs of 16 fill the 32 lanes; scaled kinds only)
             for r in range(0, per_block, 2):
                 a, a2 = c1[r], c1[r + 1]
-                if fits and a == np.rint(a) and a2 == np.rint(a2):
+                if sure or (fits and a == np.rint(a) and a2 == np.rint(a2)):
                     q = whole_run(raw, blk, r)  # noqa: F821
                     o = blk * BLOCK + r * RUN  # noqa: F821
                     acc = lanes.fma(lanes.splat(a), lanes.limb_dot_first(q, low, high, o), acc)
@@ -149,17 +169,20 @@ def dot_whole_runs(raw, down, x, c1, c0, low, high, sums, mass, others, fits):  
         for r in range(per_block):
             o = blk * BLOCK + r * RUN  # noqa: F821
             a = c1[r]
-            if fits and a == np.rint(a) and (not AFFINE or c0[r] == np.rint(c0[r])):  # noqa: F821
+            if sure or (
+                fits and a == np.rint(a) and (not AFFINE or c0[r] == np.rint(c0[r]))  # noqa: F821
+            ):
                 q = whole_run(raw, blk, r)  # noqa: F821
                 acc = lanes.fma(lanes.splat(a), lanes.limb_dot(q, low, high, o), acc)
                 if AFFINE:  # noqa: F821
                     b = c0[r] + CENTRE * a  # noqa: F821
                     offsets += b * sums[o // RUN]  # noqa: F821
-                    bound += (CENTRE * abs(a) + abs(b)) * mass[o // RUN]  # noqa: F821
+                    if not sure:
+                        bound += (CENTRE * abs(a) + abs(b)) * mass[o // RUN]  # noqa: F821
             else:
                 others[n_others] = blk * per_block + r
                 n_others += 1
-    if AFFINE and bound > BOUND_LIMIT:  # noqa: F821
+    if AFFINE and not sure and bound > BOUND_LIMIT:  # noqa: F821
         return np.nan  # the caller (`step`) sums this row per value
     rest = lanes.zeros()
     for i in range(n_others):
@@ -183,7 +206,7 @@ def scratch_blocks(k_len):  # a block's run scales
     return np.empty(BLOCK // RUN), np.zeros(BLOCK // RUN)  # noqa: F821
 
 
-def dot_f32(raw, down, x, c1, c0, low, high, sums, mass, others, fits):
+def dot_f32(raw, down, x, c1, c0, low, high, sums, mass, others, fits, shifted, reach):
     acc = 0.0
     for k in range(x.shape[0]):
         acc += x[k] * np.rint(np.float64(raw[k]) * down)
@@ -213,9 +236,8 @@ def widen_f16(raw, bits):  # fields moved into an fp32's places; value = that fp
     return bits.view(np.float32)
 
 
-def dot_widened(
-    raw, down, x, c1, c0, low, high, sums, mass, others, fits
-):  # template (widen, unit per kind)
+def dot_widened(raw, down, x, c1, c0, low, high, sums, mass, others, fits, shifted, reach):
+    # template (widen, unit per kind)
     f = widen(raw, c1)  # noqa: F821 (c1: the row's fp32 bits)
     acc = 0.0
     for k in range(x.shape[0]):
@@ -244,7 +266,7 @@ def tile(raw, start, peak, bits, out, first, stop):  # out (R, K): rows start..s
             ints_row(raw[start + r], pow2(bits - peak[start + r]), out[r], c1, c0)  # noqa: F821
 
 
-def step(x, right, l1, raw, peak, bits, out, first, stop):
+def step(x, right, l1, raw, peak, runs, bits, out, first, stop):
     """exact.fixed_product of a one-integer form for few rows: each row of x (M, K; fp32 or
     fp64) quantized as exact.quantize_l1 (l1) or quantize_rows against ``right`` bits, its
     integer sums with every weight row's integers, scaled by 2**(ex + ew) (ew = peak - bits)
@@ -254,11 +276,12 @@ def step(x, right, l1, raw, peak, bits, out, first, stop):
     back = np.empty(m_rows)
     for m in range(m_rows):
         back[m] = pow2(quantize_row(x[m], right, l1, xq[m]))
-    runs = -(-k_len // lanes.RUN)
+    n_runs = -(-k_len // lanes.RUN)
     low, high = np.empty(k_len, np.int16), np.empty(k_len, np.int16)
-    sums, mass = np.empty(runs), np.empty(runs)
+    sums, mass = np.empty(n_runs), np.empty(n_runs)
     fits = m_rows == 1 and limbs_of(xq[0], low, high, sums, mass)
-    others = np.empty(2 * runs, np.int64)
+    total = mass.sum()  # Σ|x|: integers, exact
+    others = np.empty(2 * n_runs, np.int64)
     n_rows = raw.shape[0]
     for task in range(first, stop):
         c1, c0 = new_scratch(k_len)  # noqa: F821
@@ -268,9 +291,15 @@ def step(x, right, l1, raw, peak, bits, out, first, stop):
             # 2**(ex + ew) = 2**ex · 2**ew exactly (normal exponents: exact.quantize_rows)
             if m_rows == 1:
                 row = raw[n]
-                dot = dot_row(row, down, xq[0], c1, c0, low, high, sums, mass, others, fits)  # noqa: F821
+                shifted = bits - peak[n] >= runs[n, 0]
+                reach = runs[n, 1] * down * total
+                dot = dot_row(  # noqa: F821
+                    row, down, xq[0], c1, c0, low, high, sums, mass, others, fits, shifted, reach
+                )
                 if dot != dot:  # a row whose sums dot_row cannot vouch for
-                    dot = per_value(row, down, xq[0], c1, c0, low, high, sums, mass, others, fits)  # noqa: F821
+                    dot = per_value(  # noqa: F821
+                        row, down, xq[0], c1, c0, low, high, sums, mass, others, fits, False, 0.0
+                    )
                 out[0, n] = dot * (back[0] * col)
             else:
                 ints_row(raw[n], down, buf, c1, c0)  # noqa: F821
@@ -290,6 +319,36 @@ def products(x, raw, peak, bits, out, first, stop):  # out (M, N): integer sums 
                 out[m, n] = integer_dot(x[m], buf)
 
 
+def run_bounds(raw, k_len, out, first, stop):  # template (BLOCK, RUN, CENTRE, scales)
+    """Each row's bounds from its run scales alone (`dot_whole_runs`), out (N, 2): the least
+    shift s at which every run's a·2**s and b·2**s are whole numbers, and the largest
+    h·|a| + |b + h·a| of its runs (an offset kind's sums are below that times Σ|x|)."""
+    c1, c0 = np.empty(BLOCK // RUN), np.zeros(BLOCK // RUN)  # noqa: F821
+    for task in range(first, stop):
+        for n in range(task * ROWS_PER_TASK, min(raw.shape[0], (task + 1) * ROWS_PER_TASK)):
+            least, coef = -1e9, 0.0
+            for blk in range(k_len // BLOCK):  # noqa: F821
+                scales(raw[n], blk, 1.0, c1, c0)  # noqa: F821
+                for r in range(BLOCK // RUN):  # noqa: F821
+                    least = max(least, whole_shift(c1[r]), whole_shift(c0[r]))
+                    coef = max(coef, CENTRE * abs(c1[r]) + abs(c0[r] + CENTRE * c1[r]))  # noqa: F821
+            out[n, 0] = least
+            out[n, 1] = coef if np.isfinite(coef) else np.inf
+
+
+@njit(inline="always", **exact_flags)
+def whole_shift(v):
+    """The least s with v·2**s a whole number (v = 0: any; not finite: none)."""
+    if v == 0.0:
+        return -1e9
+    if not np.isfinite(v):
+        return 1e9
+    m, e = math.frexp(v)  # v = m·2**e, m an integer times 2**-53
+    i = np.int64(abs(m) * 2.0**53)
+    lowest = math.frexp(np.float64(i & -i))[1] - 1  # the exponent of i's lowest set bit
+    return np.float64(53 - e - lowest)
+
+
 _KERNELS = {"tile": tile, "step": step, "products": products}
 
 
@@ -302,7 +361,7 @@ def _row_functions(kind: str) -> dict:
         bound["GROUP"] = GROUP
         bound["run_dot"] = njit(**inline)(specialise(dot_run, kind, **bound))
         bound["BOUND_LIMIT"] = BOUND_LIMIT
-        bound["CENTRE"] = float((BLOCKS[kind].top + 1) // 2)
+        bound["CENTRE"] = _centre(kind)
         dot = dot_whole_runs if BLOCKS[kind].whole_run is not None else dot_blocks
         fns = (dot, ints_blocks, scratch_blocks)
         dot_flags = inline
@@ -327,11 +386,21 @@ def _row_functions(kind: str) -> dict:
     }
 
 
+def _centre(kind: str) -> float:
+    """h, the centre an offset kind's quants are taken from in whole runs (0: a scaled kind)."""
+    return float((BLOCKS[kind].top + 1) // 2)
+
+
 def compile_kind(kind: str) -> dict:
     """{kernel name: kernel} for weights held as ``kind``, compiled on first call (or loaded
-    from numba's disk cache)."""
+    from numba's disk cache); ``run_bounds`` for the kinds whose whole runs a step sums in
+    limbs."""
     rows = _row_functions(kind)
-    return {
+    kernels = {
         name: njit(**exact_flags)(specialise(template, kind, **rows))
         for name, template in _KERNELS.items()
     }
+    if kind in BLOCKS and BLOCKS[kind].whole_run is not None:
+        bound = {**block_bindings(kind), "CENTRE": _centre(kind)}
+        kernels["run_bounds"] = njit(**exact_flags)(specialise(run_bounds, kind, **bound))
+    return kernels

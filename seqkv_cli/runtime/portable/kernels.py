@@ -183,6 +183,19 @@ def stored_peaks(stored) -> np.ndarray:
     return torch.cat(exponents).numpy() if exponents else np.empty(0, dtype=np.int64)
 
 
+def stored_runs(stored) -> np.ndarray:
+    """Each row's run bounds (`jitted_weights.run_bounds`), fp64 (N, 2), from its scales alone:
+    what lets a step sum the row's whole runs in limbs with no check a run. Kinds a step
+    does not sum that way get bounds that are never met."""
+    out = np.full((stored.shape[0], 2), np.inf)
+    bounds = _compiled_kind(stored.kind.name).get("run_bounds")
+    if bounds is not None:
+        work = stored.shape[0] * stored.shape[1] // 16  # scales only: a run's few bytes
+        tasks = _weight_tasks(stored.shape[0])
+        _run(bounds, tasks, work, stored.raw, stored.shape[1], out)
+    return out
+
+
 def stored_tile(stored, start: int, stop: int, peaks: np.ndarray, bits: int) -> torch.Tensor:
     """The definition's integers (`exact.quantize_rows` at ``bits``) of rows start..stop of a
     `StoredTensor`, fp64 (stop - start, K): what a BLAS product multiplies."""
@@ -194,18 +207,26 @@ def stored_tile(stored, start: int, stop: int, peaks: np.ndarray, bits: int) -> 
 
 
 def stored_step(
-    x: torch.Tensor, right: int, l1: bool, stored, peaks: np.ndarray, bits: int
+    x: torch.Tensor,
+    right: int,
+    l1: bool,
+    stored,
+    peaks: np.ndarray,
+    bits: int,
+    runs: np.ndarray | None = None,
 ) -> torch.Tensor:
     """`exact.fixed_product` of a one-integer form for few rows, in one native call: x (M, K)
     quantized against the integers of a `StoredTensor` (N, K) at ``bits``, each made where it
     is multiplied: fp64 (M, N), the same bits. x may be a numpy array (fp32 or fp64); the
-    result is then one too."""
+    result is then one too. ``runs``: the weight's `stored_runs`, made here when not given
+    (a caller that steps holds them, as it holds the peaks)."""
     xs = x if isinstance(x, np.ndarray) else _np(x)
     out = np.empty((xs.shape[0], stored.shape[0]), dtype=np.float64)
     work = out.size * xs.shape[1]
     step = _stored(stored.kind.name, "step")
     tasks = _weight_tasks(out.shape[1])
-    _run(step, tasks, work, xs, right, l1, stored.raw, peaks, bits, out, step=True)
+    runs = stored_runs(stored) if runs is None else runs
+    _run(step, tasks, work, xs, right, l1, stored.raw, peaks, runs, bits, out, step=True)
     return out if isinstance(x, np.ndarray) else torch.from_numpy(out)
 
 

@@ -58,9 +58,9 @@ class StoredRows:
         self.cache.before_step(part.kind.name, form)  # a set lookup after the first step
         peaks = self.cache.peaks(part)
         if form != exact.PEAK2:
-            return kernels.stored_step(
-                kernels.kernel_input(rows), bits, form == exact.L1, part, peaks, bits
-            )
+            x = kernels.kernel_input(rows)
+            runs = self.cache.runs(part)
+            return kernels.stored_step(x, bits, form == exact.L1, part, peaks, bits, runs)
         both, ex = kernels.split_stacked(exact.f64(rows)[None], bits)
         sums = kernels.stored_products(both[0], part, peaks, bits)
         return kernels.combine(sums[None], ex, _exponents(peaks, bits), bits)[0]
@@ -113,6 +113,7 @@ class WeightCache:
         self._owners |= {b.untyped_storage().data_ptr() for b in model.buffers()}
         self._dense: dict[tuple, DenseRows] = {}
         self._peaks: dict[int, np.ndarray] = {}
+        self._runs: dict[int, np.ndarray] = {}
 
     def stored(self, w: torch.Tensor) -> StoredTensor | None:
         """The stored weight ``w`` is (the module's parameter or a same-shaped view), or None."""
@@ -150,6 +151,13 @@ class WeightCache:
         hit = self._peaks.get(id(part))
         if hit is None:
             hit = self._peaks[id(part)] = kernels.stored_peaks(part)
+        return hit
+
+    def runs(self, part: StoredTensor) -> np.ndarray:
+        """A stored weight's run bounds (`kernels.stored_runs`), made once."""
+        hit = self._runs.get(id(part))
+        if hit is None:
+            hit = self._runs[id(part)] = kernels.stored_runs(part)
         return hit
 
     def dense(self, parts: list[StoredTensor], bits: int, device) -> DenseRows:
