@@ -8,12 +8,12 @@ commit point leaves the file at its previous state (seqkv_cli/container/append.p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqkv_cli.archive.identity import fingerprint_matches, load_canonical, model_identity
 from seqkv_cli.container import locked_for_append
-from seqkv_cli.container.format import LAYOUT_RECORDS, SEGMENT_CODECS_MINOR
+from seqkv_cli.container.format import LAYOUT_RECORDS, REPLAY_MINOR, SEGMENT_CODECS_MINOR
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.loading import LoadedModel, load_model
 from seqkv_cli.sequential.load_modes import check_mode, load_mode, mode_codec
@@ -102,6 +102,8 @@ def add_sources(
         # a file older than 1.6 takes version-1 tables, so the seqkv that wrote it still reads it
         versioned = reader.layout == LAYOUT_RECORDS
         packed = reader.version >= (1, SEGMENT_CODECS_MINOR)  # packed ids: a 1.7 file
+        if reader.version < (1, REPLAY_MINOR):  # its readers know replay records as JSON only
+            contents.context = replace(contents.context, binary_replay=False)
         build = grow_segment(
             contents, source, sources, segment_coder, canon, versioned, coder, packed, warm
         )

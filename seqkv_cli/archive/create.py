@@ -388,7 +388,8 @@ def write_new(
     layout.
 
     ``layout="auto"`` writes a one-session segment as a compact file (format 1.2: no JSON
-    header, no capture provenance) where it qualifies, ``"compact"`` insists on a compact
+    header, no capture provenance) where it qualifies (a session with a replay record: a
+    one-session compact archive, format 1.9), ``"compact"`` insists on a compact
     file (several sessions: a compact archive, format 1.8), ``"smallest"`` (what `archive
     compact` asks for) writes whichever compact file qualifies, and ``"trie"`` always writes
     the full layout. The caller verifies `tmp` and publishes it as `out` or drops it.
@@ -398,7 +399,8 @@ def write_new(
         form = compact_form(build, config, header_model)
         if not isinstance(form, str):
             return write_compact(tmp, *form), "compact"
-        if layout != "auto" and len(build.tables.sessions) > 1:
+        # several sessions, or one with a replay record (which a compact archive's table holds)
+        if layout != "auto" or len(build.tables.sessions) == 1:
             many = compact_archive_form(build, config, header_model)
             if not isinstance(many, str):
                 return write_compact_archive(tmp, *many), "compact archive"

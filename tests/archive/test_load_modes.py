@@ -15,7 +15,7 @@ from conftest import token_ids
 from seqkv_cli.api.memory import MemoryArchive
 from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.container import open_container
-from seqkv_cli.container.format import SEGMENT_CODECS_MINOR
+from seqkv_cli.container.format import REPLAY_MINOR
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.sequential.load_modes import mode_codec, segment_codec
@@ -49,7 +49,7 @@ def test_turns_of_both_modes_restore_as_an_all_small_archive_does(tmp_path, user
     # t0 was coded small; every later turn's path crosses both kinds of segment
     assert modes == {"t0": "small", "t1": "mixed", "t2": "mixed", "t3": "mixed", "t4": "mixed"}
     with Archive(mixed, model=tiny_lm) as a, Archive(small, model=tiny_lm) as b:
-        assert a.reader.version == (1, SEGMENT_CODECS_MINOR)
+        assert a.reader.version == (1, REPLAY_MINOR)
         assert a.trie.codecs == {2: "seq-fast", 5: "seq-fast"}  # t3 is a prefix: no new node
         assert not b.trie.codecs
         index = a.reader.read_section("t2/index")

@@ -285,8 +285,8 @@ def test_a_segment_of_another_codec_names_it_after_a_wide_tag():
         (0xA0, b"s" * 33, "impossible length"),
         (0xA0, b"seq fast", "not a codec name"),
         (0xA0, "séq".encode(), "not a codec name"),
-        (0x80, b"", "magic"),  # a wide tag must carry the codec flag
-        (0xE0, b"seq", "features of a newer seqkv; upgrade seqkv"),
+        (0x80, b"", "magic"),  # a wide tag must carry the codec or the replay flag
+        (0x10, b"seq", "version 16 is newer; upgrade seqkv"),  # a later table version
     ],
 )
 def test_a_hostile_codec_id_is_refused_in_one_line(first, name, words):
