@@ -52,16 +52,17 @@ def conversation(tokenizer, n: int) -> list[int]:
 
 
 class OwnCache:
-    """The agent's own cache: the embedded model's transformers fp32 forward, continued by
-    each turn's new tokens in one call (a turn's schedule: one call per turn so far)."""
+    """The agent's own cache: the model's (--model, a folder; else the embedded one's)
+    transformers fp32 forward, continued by each turn's new tokens in one call (a turn's
+    schedule: one call per turn so far)."""
 
-    def __init__(self, ids: list[int], turn_tokens: int) -> None:
+    def __init__(self, folder: str | None, ids: list[int], turn_tokens: int) -> None:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
         import seqkv_cli as seqkv
 
-        folder = seqkv.embedded_model_folder()
+        folder = folder or seqkv.embedded_model_folder()
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         self.cache = DynamicCache(config=self.model.config)
         self.ids, self.turn_tokens = ids, turn_tokens
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     lm = harness.start(args)
     ids = conversation(lm.tokenizer, args.turns * args.turn_tokens)
-    agent = OwnCache(ids, args.turn_tokens) if args.cache else None
+    agent = OwnCache(args.model, ids, args.turn_tokens) if args.cache else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "agent.skv"
