@@ -223,3 +223,29 @@ def replay_schedule(entry: dict) -> list[int] | None:
     session without a replay record."""
     rec = entry_record(entry)
     return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
+
+
+def session_kv(path, lm, runner, session_id: str, use_replay: bool = True):
+    """A stored session's K/V (per layer, on the CPU), its positions and the calls that filled
+    them: (keys, values, positions, calls), calls None where not replayed. A replayed session
+    re-runs `runner()` (the user's model) under its record and must reproduce the digest, else
+    one line says what differs; its tokens are read without seqkv's model where its nodes are
+    `seq-fast` (the replay is the load). `use_replay=False`: the canonical K/V."""
+    from seqkv_cli.archive.restore import Archive
+
+    with Archive(path, model=lm) as arc:
+        entry = arc.session(str(session_id))
+        rec = entry_record(entry) if use_replay else None
+        ids = None if rec is None else arc.known_tokens(entry, lm.vocab_size)
+        if ids is None:
+            cap = arc.restore(entry)
+            keys, values, tokens = cap.keys, cap.values, cap.tokens.tolist()
+        else:
+            tokens = ids.tolist()
+    if rec is None:
+        return keys, values, len(tokens), None
+    model = runner()
+    got = reproduced(model, tokens, rec)
+    if got is None:
+        raise SeqkvError(not_reproduced_message(session_id, rec, model, None))
+    return got[0], got[1], len(tokens), rec["calls"]

@@ -95,6 +95,10 @@ def test_one_session_with_its_own_cache_is_a_compact_archive(tmp_path, user_mode
         arc.add("chat-2", torch.cat([ids, token_ids(5, seed=2)], 1))  # expanded, then appended
         _same(cache, arc.load("chat"))
         assert [s.restore for s in arc.sessions()] == ["replay", "canonical"]
+    from cli_run import invoke
+
+    listed = invoke("archive", "list", path)  # the CLI lists what the library does
+    assert listed.exit_code == 0 and "replay" in listed.output and "canonical" in listed.output
 
 
 def test_appending_to_a_format_1_7_file_keeps_its_json_records(tmp_path):

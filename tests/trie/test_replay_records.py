@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_tables import _grow
 
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.replay_records import MAX_ARCHIVE_RUNS, ReplayContext, binary_form
@@ -45,18 +46,6 @@ def _turn(k: int, rec: dict | None, extra: dict | None = None) -> SegmentTables:
     return SegmentTables(
         [node], [SessionRecord(f"run-7/turn-{k + 1}", k, 100, 4200, 0, extra)], [PROFILE]
     )
-
-
-def _grow(turns, context: TableContext = FRESH):
-    written, ctx = [], context
-    for k, tables in enumerate(turns):
-        written.append(encode_tables(tables, k, ctx))
-        ctx = ctx.after(tables)
-    read, ctx = [], context
-    for k, data in enumerate(written):
-        read.append(decode_tables(data, k, f"segment {k + 1}", ctx))
-        ctx = ctx.after(read[-1])
-    return written, read
 
 
 def _damaged(data: bytes, context: TableContext = FRESH) -> str:

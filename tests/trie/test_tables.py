@@ -80,13 +80,16 @@ def _turn(k: int, created: str, extra: dict | None = None) -> SegmentTables:
     return SegmentTables([node], [session], [profile])
 
 
-def _grow(turns: list[SegmentTables]) -> tuple[list[bytes], list[SegmentTables]]:
-    """Encode turn after turn against the archive so far, then read them back the same way."""
-    written, context = [], FRESH
+def _grow(
+    turns: list[SegmentTables], start: TableContext = FRESH
+) -> tuple[list[bytes], list[SegmentTables]]:
+    """Encode turn after turn against the archive so far (from `start`), then read them back
+    the same way."""
+    written, context = [], start
     for k, tables in enumerate(turns):
         written.append(encode_tables(tables, k, context))
         context = context.after(tables)
-    read, context = [], FRESH
+    read, context = [], start
     for k, data in enumerate(written):
         read.append(decode_tables(data, k, f"segment {k + 1}", context))
         context = context.after(read[-1])
