@@ -154,6 +154,11 @@ def encode_block(records: list[object], context: ReplayContext, out: bytearray, 
         else:
             _encode_one(form, context, out, varint)
         context = context.then(record)
+        if context.runs_read > MAX_ARCHIVE_RUNS:  # its readers would refuse the file
+            raise SeqkvError(
+                f"this archive's replay schedules would expand to more than {MAX_ARCHIVE_RUNS} "
+                "runs; keep further sessions in a new archive"
+            )
 
 
 def _encode_one(form, context: ReplayContext, out: bytearray, varint) -> None:

@@ -169,6 +169,10 @@ def test_an_archive_whose_records_expand_past_the_budget_is_refused():
     full = ReplayContext((runs,), ("fp32", "a", "b", "c", "d", "e"), MAX_ARCHIVE_RUNS - 4095)
     context = TableContext(profiles=(PROFILE,), replay=full)
     assert "expand to more than" in _damaged(_one(b"\x05\x01\x00\x00" + b"\x00" * 16), context)
+    # and no writer makes such a file: the add is refused before anything is written
+    rec = record([[k % 7 + 1, 1] for k in range(4096)])
+    with pytest.raises(SeqkvError, match="would expand to more than"):
+        encode_tables(_turn(0, rec), 0, context)
 
 
 def test_random_damage_to_a_table_with_records_is_one_line_or_a_clean_read():
