@@ -1,5 +1,5 @@
 """Replay records in binary, inside a version-2 segment table (format 1.9; docs/FORMAT.md,
-"Replay records").
+"Binary replay records").
 
 A replay record (archive/replay.py) says how a user's cache was computed: the forward calls'
 token counts, the cache dtype, the model's dtype, device and attention implementation, the
