@@ -12,7 +12,6 @@ import torch
 import seqkv_cli as seqkv
 from archive.test_archive import PREFIX, assert_exact, invoke
 from conftest import token_ids
-from seqkv_cli.api.memory import MemoryArchive
 from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.container import open_container
 from seqkv_cli.container.format import REPLAY_MINOR
@@ -90,10 +89,10 @@ def test_a_fast_replayed_session_loads_without_seqkvs_model(tmp_path, user_model
         arc.add("other", token_ids(30, seed=3), load="small")
     assert report.kv_strategy == "replay"
 
-    def no_restore(self, session_id):
+    def no_restore(self, *args, **kwargs):
         raise AssertionError("a fast replayed session must not be restored through the model")
 
-    monkeypatch.setattr(MemoryArchive, "load_capture", no_restore)
+    monkeypatch.setattr(Archive, "restore", no_restore)  # where every restore goes
     with seqkv.open_archive(path, model=user_model) as arc:
         loaded = arc.load("turn")
         with pytest.raises(AssertionError, match="must not be restored"):
