@@ -9,7 +9,8 @@ itself is `seqkv_cli.archive`'s.
 """
 
 from seqkv_cli.api.arguments import check_meta
-from seqkv_cli.api.memory import AddReport, MemoryArchive, SessionInfo, open_archive
+from seqkv_cli.api.memory import MemoryArchive, open_archive
+from seqkv_cli.api.reports import AddReport, SessionInfo
 from seqkv_cli.api.sessions import compress_sessions, session_codec
 
 __all__ = [

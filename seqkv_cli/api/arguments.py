@@ -222,3 +222,16 @@ def prepare_session(
     if meta:
         kept.capture.meta[USER_META_KEY] = meta
     return PreparedSession(sid, len(ids), Source.from_capture(kept.capture, own_coder), kept)
+
+
+def add_arguments(item: dict, defaults: dict) -> dict:
+    """One `add_many` item as `add`'s arguments (`defaults`: add()'s, by name) filled in."""
+    import inspect
+
+    names, required = set(item), {n for n, v in defaults.items() if v is inspect.Parameter.empty}
+    if names - set(defaults) or not names >= required:
+        raise SeqkvError(
+            "add_many: each session is a mapping with session_id, input_ids and "
+            f"add()'s keyword arguments (got {sorted(item)})"
+        )
+    return {name: item.get(name, default) for name, default in defaults.items()}

@@ -8,48 +8,44 @@ An archive holds sessions of one model. `add` appends a segment (nothing committ
 rewritten; a crash leaves the file as it was) and shares every prefix already stored, so a
 growing session costs only its new tokens. The first `add` creates the file.
 
-This module is the archive object and what it hands back (SessionInfo, AddReport): it
-checks the file and the model, has `add`'s arguments made into sources (arguments.py) and
-writes them through the archive package (`seqkv_cli.archive`: create, add, restore, replay,
-what is kept of a user's cache).
+This module is the archive object, a face: it has `add`'s arguments made into sources
+(arguments.py) and hands back reports (reports.py); checking the file and the model, creating
+the file only where none exists, adding, listing, loading by replay and verifying are the
+archive package's (`seqkv_cli.archive`), which the CLI uses too.
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
 import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from seqkv_cli.api.arguments import (
     Loaded,
     PreparedSession,
+    add_arguments,
     check_session_id,
     generated_arguments,
     prepare_session,
     stored_meta,
 )
+from seqkv_cli.api.reports import AddReport, SessionInfo, Written, session_infos
 from seqkv_cli.archive import (
     Archive,
     add_sources,
-    check_restored,
+    appendable_codec,
+    check_added,
     compress_sources,
-    entry_record,
-    fingerprint_matches,
-    not_reproduced_message,
-    read_record,
+    memory_codec,
     replay_schedule,
-    reproduced,
+    session_kv,
     session_rows,
 )
 from seqkv_cli.errors import SeqkvError
-from seqkv_cli.fsutil import discard_quietly, publish, staging_name
 from seqkv_cli.kvcapture.caches import to_cache
 from seqkv_cli.sequential.load_modes import check_mode, mode_codec
 from seqkv_cli.trie import WarmStates
@@ -61,55 +57,6 @@ if TYPE_CHECKING:
 # given back to `add` with its prompt length then needs no hand-built schedule. Weak: a cache
 # the caller drops is forgotten.
 _LOADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """One archived session, as `sessions()` lists it."""
-
-    id: str
-    tokens: int
-    bytes: int  # what this session adds on its own (its tokens past the shared prefix, residual)
-    shared_prefix: int  # positions it shares with other sessions
-    restore: str  # "replay", "canonical + residual" or "canonical" (how `load` rebuilds K/V)
-    # how its tokens load: "small" (decoded by stepping the model), "fast" (read), or "mixed"
-    load: str = "small"
-
-
-@dataclass(frozen=True)
-class AddReport:
-    """What one `add` stored."""
-
-    id: str
-    tokens: int
-    new_tokens: (
-        int | None
-    )  # tokens past the longest prefix already stored (None: add_many of several)
-    added_bytes: int
-    file_bytes: int
-    # how `load` gets the K/V back: "recomputed" (tokens only), "replay", "exact" (residual),
-    # "within EPS" (residual above a tolerance)
-    kv_strategy: str
-    max_abs_difference: float | None  # user's cache vs the canonical recompute (None: no cache)
-    note: str | None = None  # why replay was not used, when it was tried
-    # ‖cache - canonical‖ / ‖canonical‖, worst layer (None: no cache, or residual="none")
-    relative_difference: float | None = None
-
-    @property
-    def kv(self) -> str:
-        """Deprecated: `kv_strategy` (the name docs/API.md used before it)."""
-        warnings.warn(
-            "AddReport.kv is deprecated; use AddReport.kv_strategy",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.kv_strategy
-
-
-class Written(NamedTuple):
-    added_bytes: int
-    file_bytes: int
-    new_tokens: int | None  # None: a new file (every token is new)
 
 
 class MemoryArchive:
@@ -126,31 +73,11 @@ class MemoryArchive:
         load: str | None = None,
     ) -> None:
         from seqkv_cli.runtime.loading import resolve_model
-        from seqkv_cli.runtime.numerics import DEFAULT
-        from seqkv_cli.sequential.registry import codec_capabilities, resolve_codec
 
         self.path = Path(path)
         if self.path.exists() and not self.path.is_file():
             raise SeqkvError(f"{self.path} is not a file")
-        config = dict(codec) if isinstance(codec, dict) else {"id": codec}
-        caps = codec_capabilities(str(config.get("id")))
-        if caps is None or not (caps.needs_canonical and caps.trie_capable and caps.takes_residual):
-            raise SeqkvError(
-                f"open_archive keeps sessions with a model-backed trie codec (seq, seq-fast); "
-                f"{config.get('id')!r} is not one"
-            )
-        if config.get("parallel", 1) != 1:
-            # A trie stores each session as one branch coded in one run; runs side by side
-            # would be recorded and never used (the same bytes, the same load time).
-            raise SeqkvError(
-                "open_archive: parallel runs (seq --parallel) are not kept in trie archives; "
-                "use codec='seq-fast' for a one-prefill load, or `seqkv compress --parallel N` "
-                "for whole sessions in a file of their own"
-            )
-        # A dict config without a numeric path means a new file: the portable default (read
-        # from a file, a missing path means the legacy forward that predates the field).
-        config.setdefault("numerics", numerics or DEFAULT)
-        self._coder = resolve_codec(config)
+        self._coder = memory_codec(codec, numerics)
         self._load = None if load is None else check_mode(load)
         # the canonical state of the session this handle added last: a turn that extends it
         # runs only its new tokens (held until the next add or close)
@@ -160,7 +87,7 @@ class MemoryArchive:
         self._own_model = model if hasattr(model, "state_dict") else None
         self._closed = False
         if self.path.is_file():
-            self._check_existing()
+            self._coder = appendable_codec(self.path, self._lm)  # the file's codec decides
 
     @property
     def _runner(self):
@@ -189,7 +116,7 @@ class MemoryArchive:
         """Every session: id, tokens, bytes of its own, positions shared with others, and how
         `load` rebuilds its K/V."""
         self._open()
-        return session_infos(self.path) if self.path.is_file() else []
+        return session_infos(session_rows(self.path)[0]) if self.path.is_file() else []
 
     def __contains__(self, session_id: str) -> bool:
         return any(s.id == session_id for s in self.sessions())
@@ -233,38 +160,17 @@ class MemoryArchive:
         session stored for replay re-runs the model it was added with and is checked against
         its digest; `replay=False` gives the canonical K/V instead. A replayed session stored
         with `load="fast"` is read without running seqkv's model: the replay is the load."""
-        rec, positions, tokens = self._replay_tokens(session_id) if replay else (None, 0, None)
-        if tokens is None:
-            cap = self.load_capture(session_id)
-            rec, positions = read_record(cap.meta, cap.positions), cap.positions
-            keys, values, tokens = cap.keys, cap.values, cap.tokens.tolist()
-        if rec is not None and replay:
-            got = reproduced(self._runner, tokens, rec)
-            if got is None:
-                raise SeqkvError(not_reproduced_message(session_id, rec, self._runner, None))
-            keys, values = got
+        keys, values, positions, calls = session_kv(
+            self._file(), self._lm, lambda: self._runner, session_id, replay
+        )
         if device is None:  # the model's device, without making seqkv's model fp32 for it
             from seqkv_cli.runtime.devices import model_device
 
             own = self._own_model
             device = model_device(own if own is not None else self._lm.module)
         cache = to_cache(keys, values, self._lm.config, dtype=dtype, device=device)
-        calls = rec["calls"] if rec is not None and replay else None
         _LOADED[cache] = Loaded.of(positions, calls)
         return cache
-
-    def _replay_tokens(self, session_id: str) -> tuple[dict | None, int, list[int] | None]:
-        """(replay record, positions, token ids) of a replayed session whose tokens are read
-        without the model (a "fast" session); (None, 0, None) for any other."""
-        with Archive(self._file(), model=self._lm) as arc:
-            entry = arc.session(str(session_id))
-            rec = entry_record(entry)
-            if rec is None:
-                return None, 0, None
-            ids = arc.known_tokens(entry, self._lm.vocab_size)
-        if ids is None:
-            return None, 0, None
-        return rec, int(entry["positions"]), ids.tolist()
 
     # -- writing --------------------------------------------------------------------------
     def add(
@@ -337,7 +243,7 @@ class MemoryArchive:
         known = {s.id for s in self.sessions()} if self.path.is_file() else set()
         prepared: list[PreparedSession] = []
         for item in items:
-            args = generated_arguments(add_arguments(item), _loaded)
+            args = generated_arguments(add_arguments(item, _ADD_DEFAULTS), _loaded)
             sid = check_session_id(args["session_id"])
             if sid in known:
                 raise SeqkvError(
@@ -348,26 +254,9 @@ class MemoryArchive:
             known.add(sid)
             prepared.append(prepare_session(self._lm, self._runner, self._coder, sid, args))
         written = self._store([p.source for p in prepared], load)
-        reports = []
-        for p in prepared:
-            if verify:
-                self._verify(p.source, p.source.coder_for(self._coder))
-            new = written.new_tokens
-            fresh = p.tokens if new is None else (new if len(prepared) == 1 else None)
-            reports.append(
-                AddReport(
-                    id=p.session_id,
-                    tokens=p.tokens,
-                    new_tokens=fresh,
-                    added_bytes=written.added_bytes,
-                    file_bytes=written.file_bytes,
-                    kv_strategy=p.kept.kv_strategy,
-                    max_abs_difference=p.kept.max_abs_difference,
-                    note=p.kept.note,
-                    relative_difference=p.kept.relative_difference,
-                )
-            )
-        return reports
+        for p in prepared if verify else ():
+            check_added(self._file(), self._lm, p.source, p.source.coder_for(self._coder))
+        return [AddReport.of(p, written, len(prepared)) for p in prepared]
 
     def compact(self, load: str | None = None, layout: str = "auto") -> int:
         """Rewrite the archive as one trie, as `seqkv archive compact` does, and return its
@@ -388,7 +277,8 @@ class MemoryArchive:
             created = self._create(sources, load)
             if created is not None:
                 return Written(created, created, None)
-            self._check_existing()  # another writer created the file meanwhile: append to it
+            # another writer created the file meanwhile: append to it
+            self._coder = appendable_codec(self.path, self._lm)
         result = add_sources(self.path, sources, self._lm, load=load, warm=self._warm)
         return Written(result.added_bytes, result.file_bytes, result.new_tokens)
 
@@ -397,12 +287,8 @@ class MemoryArchive:
         (a hard link never replaces a file): its size, or None when another writer won. Its
         codec is the one `load` asks for (the archive's default for later adds)."""
         coder = self._coder if load is None else mode_codec(self._coder, load)
-        tmp = staging_name(self.path, ".new.skv")
-        try:
-            result = compress_sources(sources, tmp, coder, False, self._lm, None)
-            return result.file_bytes if publish(tmp, self.path, exclusive=True) else None
-        finally:
-            discard_quietly(tmp)
+        result = compress_sources(sources, self.path, coder, False, self._lm, None, exclusive=True)
+        return None if result is None else result.file_bytes
 
     def _open(self) -> None:
         if self._closed:
@@ -414,34 +300,6 @@ class MemoryArchive:
         if not self.path.is_file():
             raise SeqkvError(f"{self.path} has no sessions yet")
         return self.path
-
-    def _check_existing(self) -> None:
-        """The file must be a trie archive of this model (checked before any work)."""
-        with Archive(self.path, model=self._lm) as arc:
-            if arc.trie is None:
-                raise SeqkvError(
-                    f"{self.path} keeps sessions separately (flat layout); convert it with "
-                    "`seqkv archive compact` first"
-                )
-            want = arc.model.get("fingerprint", "?")
-            if not fingerprint_matches(want, self._lm.fingerprint):
-                raise SeqkvError(
-                    f"{self.path} holds sessions of model {arc.model.get('name', '?')} "
-                    f"(fingerprint {want[:16]}); the model given has {self._lm.fingerprint[:16]} "
-                    "(same weights, dtype and tokenizer are needed)"
-                )
-            self._coder = arc.codec  # the file's own codec decides how sessions are coded
-
-    def _verify(self, source, coder) -> None:
-        restored = self.load_capture(source.session_id)
-        if source.recompute:  # tokens only: K/V are the canonical recompute by definition
-            if not np.array_equal(restored.tokens.numpy(), source.tokens):
-                raise SeqkvError(
-                    f"session {source.session_id} restores other tokens than it was given; "
-                    f"stored in {self.path} anyway"
-                )
-            return
-        check_restored(source.capture, restored, coder, f"stored in {self.path} anyway")
 
 
 def open_archive(
@@ -481,48 +339,6 @@ _ADD_DEFAULTS = {
     for name, parameter in inspect.signature(MemoryArchive.add).parameters.items()
     if name not in ("self", "verify", "load")
 }
-_ADD_REQUIRED = {name for name, value in _ADD_DEFAULTS.items() if value is inspect.Parameter.empty}
-
-
-def add_arguments(item: dict) -> dict:
-    """One `add_many` item as `add`'s arguments, defaults filled in."""
-    names = set(item)
-    if names - set(_ADD_DEFAULTS) or not names >= _ADD_REQUIRED:
-        raise SeqkvError(
-            "add_many: each session is a mapping with session_id, input_ids and "
-            f"add()'s keyword arguments (got {sorted(item)})"
-        )
-    return {name: item.get(name, default) for name, default in _ADD_DEFAULTS.items()}
-
-
-def session_infos(path: Path) -> list[SessionInfo]:
-    """Every session of the archive at `path`: id, tokens, bytes of its own, positions shared
-    with others, and how `load` rebuilds its K/V."""
-    rows, _ = session_rows(path)
-    with Archive(path) as arc:
-        entries = {e["id"]: e for e in arc.sessions}
-    out = []
-    for r in rows:
-        entry = entries[r["id"]]
-        try:
-            replayed = entry_record(entry) is not None
-        except SeqkvError:  # one bad record must not hide the other sessions
-            replayed, how = False, "malformed replay record"
-        else:
-            how = "canonical + residual" if entry.get("residual_bytes") else "canonical"
-        if replayed:
-            how = "replay"
-        out.append(
-            SessionInfo(
-                r["id"],
-                int(r["positions"]),
-                int(r["own_bytes"]),
-                int(r["shared_prefix"]),
-                how,
-                r["load"],
-            )
-        )
-    return out
 
 
 def index_entry(path: Path, session_id: str) -> dict:

@@ -24,7 +24,7 @@ atomic write and append: `seqkv_cli.container`) and the token trie (`seqkv_cli.t
 This face is what the rest of seqkv uses (an import-linter contract).
 """
 
-from seqkv_cli.archive.add import AddResult, add_captures, add_sources
+from seqkv_cli.archive.add import AddResult, add_captures, add_sources, appendable_codec
 from seqkv_cli.archive.compaction import compact
 from seqkv_cli.archive.create import (
     LAYOUTS,
@@ -33,6 +33,7 @@ from seqkv_cli.archive.create import (
     codec_spec,
     compress_captures,
     compress_sources,
+    memory_codec,
 )
 from seqkv_cli.archive.decompression import decompress
 from seqkv_cli.archive.identity import (
@@ -42,7 +43,7 @@ from seqkv_cli.archive.identity import (
     same_model,
     writer_version,
 )
-from seqkv_cli.archive.listing import Accounting, account, session_rows
+from seqkv_cli.archive.listing import Accounting, account, restore_kind, session_rows
 from seqkv_cli.archive.manifest import (
     COLUMNS,
     CONTENT_KEY,
@@ -61,6 +62,7 @@ from seqkv_cli.archive.replay import (
     read_record,
     replay_schedule,
     reproduced,
+    session_kv,
 )
 from seqkv_cli.archive.restore import SESSION_BATCH, Archive
 from seqkv_cli.archive.restore_time import RestoreEstimate, estimate_restore
@@ -78,6 +80,7 @@ from seqkv_cli.archive.verify import (
     SessionCheck,
     attention_error,
     bit_equal,
+    check_added,
     check_restored,
     check_session,
     check_sessions,
@@ -110,9 +113,11 @@ __all__ = [
     "account",
     "add_captures",
     "add_sources",
+    "appendable_codec",
     "attention_error",
     "bit_equal",
     "capture_and_code",
+    "check_added",
     "check_positive_number",
     "check_restored",
     "check_session",
@@ -133,6 +138,7 @@ __all__ = [
     "load_canonical",
     "manifest_file",
     "max_abs_error",
+    "memory_codec",
     "model_identity",
     "not_reproduced_message",
     "read_manifest",
@@ -140,9 +146,11 @@ __all__ = [
     "replay_schedule",
     "reproduced",
     "residual_to_use",
+    "restore_kind",
     "restored_problems",
     "same_capture",
     "same_model",
+    "session_kv",
     "session_rows",
     "sessions_to_decode",
     "token_digest",

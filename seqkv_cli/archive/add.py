@@ -8,12 +8,13 @@ commit point leaves the file at its previous state (seqkv_cli/container/append.p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqkv_cli.archive.identity import fingerprint_matches, load_canonical, model_identity
+from seqkv_cli.archive.restore import Archive
 from seqkv_cli.container import locked_for_append
-from seqkv_cli.container.format import LAYOUT_RECORDS, SEGMENT_CODECS_MINOR
+from seqkv_cli.container.format import LAYOUT_RECORDS, REPLAY_MINOR, SEGMENT_CODECS_MINOR
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.runtime.loading import LoadedModel, load_model
 from seqkv_cli.sequential.load_modes import check_mode, load_mode, mode_codec
@@ -87,10 +88,7 @@ def add_sources(
                 "to it; compress them into another file"
             )
         if "trie" not in header:
-            raise SeqkvError(
-                f"{path} keeps sessions separately (flat layout); "
-                "convert it with `seqkv archive compact` first"
-            )
+            raise _flat(path)
         # bounded before the model is known; _model_side checks the model's own context
         contents = load_trie(reader, Path(path), max_context=MAX_POSITIONS)
         coder = resolve_codec(header["pipeline"][0])
@@ -102,6 +100,8 @@ def add_sources(
         # a file older than 1.6 takes version-1 tables, so the seqkv that wrote it still reads it
         versioned = reader.layout == LAYOUT_RECORDS
         packed = reader.version >= (1, SEGMENT_CODECS_MINOR)  # packed ids: a 1.7 file
+        if reader.version < (1, REPLAY_MINOR):  # its readers know replay records as JSON only
+            contents.context = replace(contents.context, binary_replay=False)
         build = grow_segment(
             contents, source, sources, segment_coder, canon, versioned, coder, packed, warm
         )
@@ -110,6 +110,30 @@ def add_sources(
     positions = sum(len(s.tokens) for s in sources)
     return AddResult(
         len(sources), positions, new_tokens, written.file_bytes - before, written.file_bytes
+    )
+
+
+def appendable_codec(path: Path, lm: LoadedModel):
+    """The codec of the existing archive `path`, which must be a trie archive of `lm` (same
+    weights, dtype and tokenizer): checked before any model work, so a wrong file or model
+    costs one line, not a capture."""
+    with Archive(path, model=lm) as arc:
+        if arc.trie is None:
+            raise _flat(path)
+        want = arc.model.get("fingerprint", "?")
+        if not fingerprint_matches(want, lm.fingerprint):
+            raise SeqkvError(
+                f"{path} holds sessions of model {arc.model.get('name', '?')} "
+                f"(fingerprint {want[:16]}); the model given has {lm.fingerprint[:16]} "
+                "(same weights, dtype and tokenizer are needed)"
+            )
+        return arc.codec
+
+
+def _flat(path) -> SeqkvError:
+    return SeqkvError(
+        f"{path} keeps sessions separately (flat layout); "
+        "convert it with `seqkv archive compact` first"
     )
 
 

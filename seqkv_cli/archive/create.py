@@ -133,6 +133,33 @@ def codec_spec(
     return spec
 
 
+def memory_codec(codec: str | dict, numerics: str | None):
+    """The codec a library archive (`open_archive`) keeps new sessions with: a model-backed
+    trie codec (seq, seq-fast) without parallel runs; a config without a numeric path takes
+    `numerics`, else the portable default (read from a file, a missing path means the legacy
+    forward that predates the field)."""
+    from seqkv_cli.runtime.numerics import DEFAULT
+    from seqkv_cli.sequential.registry import codec_capabilities
+
+    config = dict(codec) if isinstance(codec, dict) else {"id": codec}
+    caps = codec_capabilities(str(config.get("id")))
+    if caps is None or not (caps.needs_canonical and caps.trie_capable and caps.takes_residual):
+        raise SeqkvError(
+            f"open_archive keeps sessions with a model-backed trie codec (seq, seq-fast); "
+            f"{config.get('id')!r} is not one"
+        )
+    if config.get("parallel", 1) != 1:
+        # A trie stores each session as one branch coded in one run; runs side by side
+        # would be recorded and never used (the same bytes, the same load time).
+        raise SeqkvError(
+            "open_archive: parallel runs (seq --parallel) are not kept in trie archives; "
+            "use codec='seq-fast' for a one-prefill load, or `seqkv compress --parallel N` "
+            "for whole sessions in a file of their own"
+        )
+    config.setdefault("numerics", numerics or DEFAULT)
+    return resolve_codec(config)
+
+
 def codes_runs(codec_class: type) -> bool:
     """Whether a session codec can code a session as parallel runs (`compress --parallel`):
     its config takes `parallel`. (The registry's capability flags do not carry it yet.)"""
@@ -300,9 +327,12 @@ def compress_sources(
     on_session: Callable[[int, Capture], None] | None = None,
     meta: dict | None = None,
     merge_prefixes: bool = False,
+    exclusive: bool = False,
 ):
     """A new trie archive at `out` from sources (capture files, in-memory captures or
     tokens only); `meta`: entries added to the header's `meta` (a full-layout file only).
+    `exclusive`: `out` is created only if it does not exist yet (a hard link never replaces
+    a file); None when another writer created it meanwhile (the library's first `add`).
 
     `layout`: "auto" (one session that qualifies: a compact file), "compact", "smallest"
     or "trie" (`write_new`); `merge_prefixes`: a session that is a prefix of another ends
@@ -358,7 +388,8 @@ def compress_sources(
         file_bytes, written = write_new(tmp, out, build, coder, header_model, meta, layout)
         if check:
             verify_against(tmp, sources, coder, lm)
-        publish(tmp, out)
+        if not publish(tmp, out, exclusive=exclusive):
+            return None
     except BaseException:
         discard_quietly(tmp)
         raise
@@ -388,7 +419,8 @@ def write_new(
     layout.
 
     ``layout="auto"`` writes a one-session segment as a compact file (format 1.2: no JSON
-    header, no capture provenance) where it qualifies, ``"compact"`` insists on a compact
+    header, no capture provenance) where it qualifies (a session with a replay record: a
+    one-session compact archive, format 1.9), ``"compact"`` insists on a compact
     file (several sessions: a compact archive, format 1.8), ``"smallest"`` (what `archive
     compact` asks for) writes whichever compact file qualifies, and ``"trie"`` always writes
     the full layout. The caller verifies `tmp` and publishes it as `out` or drops it.
@@ -398,7 +430,8 @@ def write_new(
         form = compact_form(build, config, header_model)
         if not isinstance(form, str):
             return write_compact(tmp, *form), "compact"
-        if layout != "auto" and len(build.tables.sessions) > 1:
+        # several sessions, or one with a replay record (which a compact archive's table holds)
+        if layout != "auto" or len(build.tables.sessions) == 1:
             many = compact_archive_form(build, config, header_model)
             if not isinstance(many, str):
                 return write_compact_archive(tmp, *many), "compact archive"

@@ -2,7 +2,8 @@
 
 `account` says where a container's bytes go, per session, per part and per position (a trie
 archive's shared nodes split among the sessions that cover them, `trie.session_costs`);
-`session_rows` lists every session with what it costs on its own and the prefix it shares.
+`session_rows` lists every session with what it costs on its own, the prefix it shares and
+how its K/V come back (`restore_kind`), for `archive list` and the library's `sessions()`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seqkv_cli.archive.replay import entry_record
 from seqkv_cli.archive.restore import Archive
+from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie import session_costs, trie_shape
 
 
@@ -116,13 +119,33 @@ def account(archive: Archive) -> Accounting:
     return Accounting(reader.size, positions, parts, sessions, fp16)
 
 
+def restore_kind(entry: dict) -> str:
+    """How a session's K/V come back: "replay", "canonical + residual", "canonical", or
+    "malformed replay record" (one bad record must not hide the other sessions)."""
+    try:
+        if entry_record(entry) is not None:
+            return "replay"
+    except SeqkvError:
+        return "malformed replay record"
+    return "canonical + residual" if entry.get("residual_bytes") else "canonical"
+
+
 def session_rows(path: Path) -> tuple[list[dict], str]:
-    """Rows for `archive list` (flat archives list their sessions with no sharing)."""
+    """Rows for `archive list` and `sessions()` (flat archives list their sessions with no
+    sharing): id, positions, own bytes, shared prefix, segment, load mode, restore kind."""
     with Archive(path) as arc:
         if arc.trie is None:
             mode = arc.load_mode({})
+            kinds = {e["id"]: restore_kind(e) for e in arc.sessions}
             rows = [
-                {**s, "own_bytes": s["bytes"], "shared_prefix": 0, "segment": 1, "load": mode}
+                {
+                    **s,
+                    "own_bytes": s["bytes"],
+                    "shared_prefix": 0,
+                    "segment": 1,
+                    "load": mode,
+                    "restore": kinds[s["id"]],
+                }
                 for s in account(arc).sessions
             ]
             return rows, "flat layout: sessions share nothing (`seqkv archive compact` converts)"
@@ -136,6 +159,7 @@ def session_rows(path: Path) -> tuple[list[dict], str]:
                 "segment": e["trie"]["segment"],
                 "log2_ppl": e.get("log2_ppl"),
                 "load": arc.load_mode(e),
+                "restore": restore_kind(e),
             }
             for e, c in zip(arc.sessions, costs, strict=True)
         ]

@@ -9,9 +9,11 @@ the cache was produced and holds a SHA-256 of every K/V tensor; `load` re-runs t
 and accepts the result only if the digest matches, so a machine or library that does not
 reproduce it is told so in one line instead of getting a silently different cache.
 
-The record lives in the session's metadata in the archive (a few hundred bytes); the
-archive's own K/V for the session stay the canonical recompute, so any seqkv restores an
-approximation of the cache portably, and `load(..., replay=False)` gives that.
+The record lives in the session's metadata in the archive: as JSON in files before format
+1.9, in binary in a 1.9 file's segment table (trie/replay_records.py: what the record before
+it does not already say, and the digest's first 16 bytes). The archive's own K/V for the
+session stay the canonical recompute, so any seqkv restores an approximation of the cache
+portably, and `load(..., replay=False)` gives that.
 """
 
 from __future__ import annotations
@@ -26,11 +28,9 @@ from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.caches import cache_layers
 from seqkv_cli.kvcapture.capture_file import DTYPES
 from seqkv_cli.runtime.hfcompat import cache_kwarg
+from seqkv_cli.trie import DIGEST_BYTES, MAX_RUNS
 
 RECORD_VERSION = 1
-
-
-MAX_RUNS = 4096  # run-length pairs in one record (an agent turn adds two or three)
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,8 @@ def read_record(meta: dict, positions: int) -> dict | None:
                 for r in runs
             )
             and isinstance(rec.get("sha256"), str)
-            and len(rec["sha256"]) == 64
+            and len(rec["sha256"]) in (2 * DIGEST_BYTES, 64)  # binary records keep 16 bytes
+            and all(c in "0123456789abcdef" for c in rec["sha256"])
             and rec.get("cache_dtype") in ("bf16", "fp16", "fp32")
             and sum(length * count for length, count in runs) == positions
         )
@@ -190,9 +191,10 @@ def replay(model: torch.nn.Module, token_ids: list[int], rec: dict) -> tuple[lis
 
 
 def reproduced(model: torch.nn.Module, token_ids: list[int], rec: dict) -> tuple[list, list] | None:
-    """The replayed K/V when their digest is the recorded one, else None."""
+    """The replayed K/V when their digest is the recorded one (all of it, or the first 16
+    bytes that a binary record keeps), else None."""
     keys, values = replay(model, token_ids, rec)
-    return (keys, values) if cache_digest(keys, values) == rec["sha256"] else None
+    return (keys, values) if cache_digest(keys, values).startswith(rec["sha256"]) else None
 
 
 def not_reproduced_message(
@@ -221,3 +223,29 @@ def replay_schedule(entry: dict) -> list[int] | None:
     session without a replay record."""
     rec = entry_record(entry)
     return None if rec is None else list(Schedule.from_runs(rec["calls"]).calls)
+
+
+def session_kv(path, lm, runner, session_id: str, use_replay: bool = True):
+    """A stored session's K/V (per layer, on the CPU), its positions and the calls that filled
+    them: (keys, values, positions, calls), calls None where not replayed. A replayed session
+    re-runs `runner()` (the user's model) under its record and must reproduce the digest, else
+    one line says what differs; its tokens are read without seqkv's model where its nodes are
+    `seq-fast` (the replay is the load). `use_replay=False`: the canonical K/V."""
+    from seqkv_cli.archive.restore import Archive
+
+    with Archive(path, model=lm) as arc:
+        entry = arc.session(str(session_id))
+        rec = entry_record(entry) if use_replay else None
+        ids = None if rec is None else arc.known_tokens(entry, lm.vocab_size)
+        if ids is None:
+            cap = arc.restore(entry)
+            keys, values, tokens = cap.keys, cap.values, cap.tokens.tolist()
+        else:
+            tokens = ids.tolist()
+    if rec is None:
+        return keys, values, len(tokens), None
+    model = runner()
+    got = reproduced(model, tokens, rec)
+    if got is None:
+        raise SeqkvError(not_reproduced_message(session_id, rec, model, None))
+    return got[0], got[1], len(tokens), rec["calls"]

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from seqkv_cli.errors import SeqkvError
@@ -288,3 +289,20 @@ def check_sessions(
         else:
             checks.append(check_session(original, restored, arc.codec, measure=measure))
     return checks
+
+
+def check_added(path, model, source, coder) -> None:
+    """One session just added to the archive at `path` restores as given (its tokens; its
+    K/V where it stored a capture), else one line (it is stored anyway)."""
+    from seqkv_cli.archive.restore import Archive
+
+    with Archive(path, model=model) as arc:
+        restored = arc.restore(arc.session(source.session_id))
+    if source.recompute:  # tokens only: K/V are the canonical recompute by definition
+        if not np.array_equal(restored.tokens.numpy(), source.tokens):
+            raise SeqkvError(
+                f"session {source.session_id} restores other tokens than it was given; "
+                f"stored in {path} anyway"
+            )
+        return
+    check_restored(source.capture, restored, coder, f"stored in {path} anyway")

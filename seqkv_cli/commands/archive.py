@@ -84,7 +84,7 @@ def list_command(archive: ArchiveArg) -> None:
         return
     rows, note = session_rows(archive)
     table = Table(title=f"{shown(archive)}: {len(rows)} session(s)")
-    for col in ("id", "tokens", "own bytes", "shared prefix", "segment", "load"):
+    for col in ("id", "tokens", "own bytes", "shared prefix", "segment", "load", "restore"):
         table.add_column(col, justify="left" if col == "id" else "right")
     for r in rows:
         table.add_row(
@@ -94,6 +94,7 @@ def list_command(archive: ArchiveArg) -> None:
             f"{r['shared_prefix']:,}",
             str(r["segment"]),
             r["load"],
+            r["restore"],
         )
     console.print(table)
     if note:

@@ -175,12 +175,15 @@ def encode_compact(session: CompactSession, payload: bytes) -> bytes:
     return bytes(head) + payload + crc32c(payload).to_bytes(4, "little")
 
 
-def encode_compact_archive(profile: CompactProfile, table: bytes, payload: bytes) -> bytes:
+def encode_compact_archive(
+    profile: CompactProfile, table: bytes, payload: bytes, minor: int = ARCHIVE_MINOR
+) -> bytes:
     """A compact archive: header, its CRC32C, the segment table deflated, the token payload,
-    and one CRC32C of the two (docs/FORMAT.md, "Compact archives")."""
+    and one CRC32C of the two (docs/FORMAT.md, "Compact archives"). `minor`: the oldest its
+    table may be read by (9 where it holds replay records)."""
     deflater = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: the CRC32C guards it
     packed = deflater.compress(table) + deflater.flush()
-    head = _fixed_header(profile, LAYOUT_ARCHIVE, None)
+    head = _fixed_header(profile, LAYOUT_ARCHIVE, None, minor)
     for value in (profile.num_layers, profile.num_kv_heads, profile.head_dim):
         head += encode_varint(value)
     head += encode_varint(len(packed)) + encode_varint(len(payload))
@@ -189,7 +192,9 @@ def encode_compact_archive(profile: CompactProfile, table: bytes, payload: bytes
     return bytes(head) + body + crc32c(body).to_bytes(4, "little")
 
 
-def _fixed_header(profile: CompactProfile, layout: int, session_id: str | None) -> bytearray:
+def _fixed_header(
+    profile: CompactProfile, layout: int, session_id: str | None, least: int = ARCHIVE_MINOR
+) -> bytearray:
     reason = unrepresentable(
         profile.pipeline_config(), profile.numeric_path, profile.dtype, session_id
     )
@@ -197,7 +202,7 @@ def _fixed_header(profile: CompactProfile, layout: int, session_id: str | None) 
         raise InvalidContainerInputError("<compact>", f"not a compact session: {reason}")
     pipeline, kinds, minor = profile.codes()
     if layout == LAYOUT_ARCHIVE:
-        minor = max(minor, ARCHIVE_MINOR)
+        minor = max(minor, least)
     fields = (MAGIC, FORMAT_MAJOR, minor, layout, pipeline, bytes.fromhex(profile.fingerprint))
     return bytearray(FIXED_HEADER.pack(*fields, kinds))
 
@@ -208,10 +213,14 @@ def write_compact(path: str | os.PathLike[str], session: CompactSession, payload
 
 
 def write_compact_archive(
-    path: str | os.PathLike[str], profile: CompactProfile, table: bytes, payload: bytes
+    path: str | os.PathLike[str],
+    profile: CompactProfile,
+    table: bytes,
+    payload: bytes,
+    minor: int = ARCHIVE_MINOR,
 ) -> int:
     """Write a compact archive atomically."""
-    return _publish(path, encode_compact_archive(profile, table, payload))
+    return _publish(path, encode_compact_archive(profile, table, payload, minor))
 
 
 def _publish(path: str | os.PathLike[str], data: bytes) -> int:

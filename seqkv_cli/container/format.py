@@ -21,15 +21,17 @@ FORMAT_MAJOR = 1
 # the residual parts of a foreign cache themselves; 1.5 compact codes for the portable-fx53-v3
 # numeric path; 1.6 binary records after the first (index.py); 1.7 trie segments coded by
 # another codec than the archive's (a "fast" turn in a `seq` archive, trie/tables.py); 1.8
-# the compact archive layout (container/compact.py).
-# FORMAT_MINOR is the newest minor this seqkv reads; full-layout files are written as 1.7,
+# the compact archive layout (container/compact.py); 1.9 replay records in binary in a trie
+# segment's table (trie/replay_records.py): as JSON a record cost ~300 bytes a turn.
+# FORMAT_MINOR is the newest minor this seqkv reads; full-layout files are written as 1.9,
 # appends keep the minor of the file they extend, compact single-session files take the
-# oldest minor whose codes they use, compact archives 1.8.
-FORMAT_MINOR = 8
+# oldest minor whose codes they use, compact archives 1.8 (1.9 where they hold a replay record).
+FORMAT_MINOR = 9
 FULL_LAYOUT_MINOR = 1  # JSON section tables, what seqkv before 0.4 writes and appends to
 TABLES_MINOR = 4
 RECORDS_MINOR = 6
 SEGMENT_CODECS_MINOR = 7
+REPLAY_MINOR = 9
 # Byte 12 of a full-layout file: which encoding its index records use (1 is the compact
 # layout). 1.6 keeps 1.4's first record and writes every later one in binary: an agent's turn
 # appends a segment of a few dozen bytes of tokens, and 1.4's JSON part of a record (its
@@ -77,11 +79,11 @@ class Slot:
 
 
 def encode_preamble(layout: int = LAYOUT_RECORDS) -> bytes:
-    """The 16 bytes a full-layout file starts with: 1.7 (binary records), 1.4 or 1.1.
+    """The 16 bytes a full-layout file starts with: 1.9 (binary records), 1.4 or 1.1.
 
     A nonzero byte 12 is what readers since 1.2 check before anything else, so an older seqkv
     refuses a layout it does not know as "written by a newer seqkv" instead of misreading it."""
-    minor = SEGMENT_CODECS_MINOR if layout == LAYOUT_RECORDS else LAYOUT_MINOR[layout]
+    minor = REPLAY_MINOR if layout == LAYOUT_RECORDS else LAYOUT_MINOR[layout]
     return PREAMBLE.pack(MAGIC, FORMAT_MAJOR, minor, layout)
 
 

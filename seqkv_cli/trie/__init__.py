@@ -43,6 +43,7 @@ from seqkv_cli.trie.node_source import NodeSource, check_precision
 from seqkv_cli.trie.oracle import WarmStates
 from seqkv_cli.trie.pervector import restore_pervector
 from seqkv_cli.trie.plan import Trie
+from seqkv_cli.trie.replay_records import DIGEST_BYTES, MAX_RUNS
 from seqkv_cli.trie.runs import fork_track
 from seqkv_cli.trie.schedule import planned_passes
 from seqkv_cli.trie.segment import (
@@ -77,10 +78,12 @@ from seqkv_cli.trie.tables import (
 __all__ = [
     "COPY",
     "DELETE",
+    "DIGEST_BYTES",
     "FRESH",
     "INSERT",
     "MAX_JSON_DEPTH",
     "MAX_POSITIONS",
+    "MAX_RUNS",
     "NAMES_BYTES_PER_SESSION",
     "DecodeStats",
     "Edit",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from seqkv_cli.container.compact import (
+    ARCHIVE_MINOR,
     ARCHIVE_SECTION,
     FINGERPRINT_HEX,
     CompactProfile,
@@ -23,11 +24,15 @@ from seqkv_cli.container.compact import (
     id_problem,
     unrepresentable,
 )
+from seqkv_cli.container.format import REPLAY_MINOR
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.trie.replay_records import binary_form
 from seqkv_cli.trie.tables import (
     FLAG_INHERITED,
+    FLAG_REPLAY,
     FRESH,
     V2_TAG,
+    V2_WIDE_TAG,
     Node,
     SegmentTables,
     SessionRecord,
@@ -37,13 +42,16 @@ from seqkv_cli.trie.tables import (
 )
 
 # A compact archive's table is a version-2 table whose profiles are the header's: it sets
-# that flag and no other (no creation time, codec, K/V blocks, profile index or JSON block).
+# that flag and no other (no creation time, codec, K/V blocks, profile index or JSON block),
+# but, in a format 1.9 file, the replay flag (its sessions' records, in binary).
 ARCHIVE_TABLE_TAG = V2_TAG | FLAG_INHERITED
+REPLAY_TABLE_TAG = V2_WIDE_TAG | FLAG_REPLAY | FLAG_INHERITED
 
 # What a compact file keeps about a session beyond what it needs to decode: nothing. The
 # capture's provenance (source, capture time, versions) is dropped; a replay record and the
 # metadata a library user gave (`add(meta=...)`) are not, so a session that carries one is
-# never written compact.
+# never written as a compact single-session file (it has no table), and a compact archive
+# holds a replay record only in binary (format 1.9).
 KEPT_EXTRAS = ("replay", "meta")
 
 
@@ -55,7 +63,7 @@ def compact_form(build, config: dict, model: dict) -> tuple[CompactSession, byte
     (rec,), (node,) = tables.sessions, tables.nodes
     if node.parent != -1 or rec.end != node.n_tokens:
         return "its session is not one whole node"
-    head = _shared_head(build, config, model)
+    head = _shared_head(build, config, model, records=False)
     if isinstance(head, str):
         return head
     session = CompactSession(
@@ -70,26 +78,38 @@ def compact_form(build, config: dict, model: dict) -> tuple[CompactSession, byte
 
 def compact_archive_form(
     build, config: dict, model: dict
-) -> tuple[CompactProfile, bytes, bytes] | str:
-    """The compact archive header, table and payload of a segment, or why it cannot be one."""
+) -> tuple[CompactProfile, bytes, bytes, int] | str:
+    """The compact archive header, table, payload and format minor of a segment, or why it
+    cannot be one."""
     tables = build.tables
     if not tables.sessions:
         return "it holds no session"
-    head = _shared_head(build, config, model)
+    head = _shared_head(build, config, model, records=True)
     if isinstance(head, str):
         return head
+    profile = tables.profiles[0]
+    records = [_meta(profile, r).get("replay") for r in tables.sessions]
     bare = SegmentTables(
         tables.nodes,
-        [SessionRecord(r.id, r.end_node, r.end, r.log2_ppl_milli) for r in tables.sessions],
+        [
+            SessionRecord(r.id, r.end_node, r.end, r.log2_ppl_milli, 0, {"replay": x} if x else {})
+            for r, x in zip(tables.sessions, records, strict=True)
+        ],
         [profile_of(head)],
     )
     table = encode_tables(bare, 0, archive_context(head), relative_ends=True)
-    return head, table, build.parts.get("tokens", b"")
+    minor = REPLAY_MINOR if any(records) else ARCHIVE_MINOR
+    return head, table, build.parts.get("tokens", b""), minor
 
 
-def _shared_head(build, config: dict, model: dict) -> CompactProfile | str:
+def _meta(profile: dict, rec: SessionRecord) -> dict:
+    return dict(profile.get("capture_meta", {}), **rec.extra)
+
+
+def _shared_head(build, config: dict, model: dict, records: bool) -> CompactProfile | str:
     """What a compact header says of a segment's sessions, or why it cannot say it: they
-    keep nothing but tokens, share one profile, and have ids a compact file holds."""
+    keep nothing but tokens (and, with `records`, replay records a 1.9 table holds in
+    binary), share one profile, and have ids a compact file holds."""
     tables = build.tables
     extra_parts = sorted(n for n in build.parts if n not in ("index", "tokens"))
     if extra_parts:
@@ -100,8 +120,9 @@ def _shared_head(build, config: dict, model: dict) -> CompactProfile | str:
         return "its tokens are not coded by the archive's own codec"
     (profile,) = tables.profiles
     for rec in tables.sessions:
-        meta = dict(profile.get("capture_meta", {}), **rec.extra)
-        kept = [k for k in KEPT_EXTRAS if k in meta]
+        meta = _meta(profile, rec)
+        held = records and binary_form(meta.get("replay")) is not None
+        kept = [k for k in KEPT_EXTRAS if k in meta and not (k == "replay" and held)]
         if kept:
             return f"session {rec.id!r} carries a {kept[0]} record"
         if id_problem(rec.id):
@@ -153,7 +174,9 @@ def compact_tables(reader, where: str) -> SegmentTables:
     if not getattr(reader, "archive", False):
         return tables_of(head, reader.sections[0].length)
     raw = reader.read_section(ARCHIVE_SECTION)
-    if raw[:1] != bytes([ARCHIVE_TABLE_TAG]):
+    # a table with replay records only in a file that says so (a 1.8 reader asks to upgrade)
+    tags = {ARCHIVE_TABLE_TAG, REPLAY_TABLE_TAG if reader.version[1] >= REPLAY_MINOR else -1}
+    if not raw or raw[0] not in tags:
         raise SeqkvError(f"{where}: trie table is damaged (not a compact archive's table)")
     tables = decode_tables(raw, 0, where, archive_context(head), relative_ends=True)
     if len(tables.tokens or b"") != reader.payload_bytes:  # the table must end where it says

@@ -17,6 +17,11 @@ from seqkv_cli.container.layout import STORED_ELSEWHERE
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.trie.tables import NO_PPL
 
+# Metadata that is each session's own even where sessions agree on it: a replay record says
+# how one cache was computed (its digest differs, and format 1.9 stores it in binary per
+# session; in a profile it would make every turn's profile a new one).
+PER_SESSION = ("replay",)
+
 if TYPE_CHECKING:
     import torch
 
@@ -125,7 +130,11 @@ def profiles_for(sources: list[Source]) -> tuple[list[dict], list[int], list[dic
     for p, key in enumerate(keys):
         members = [i for i, k in enumerate(index_of) if k == p]
         metas = [_plain_meta(sources[i].meta) for i in members]
-        common = {k: v for k, v in metas[0].items() if all(m.get(k) == v for m in metas[1:])}
+        common = {
+            k: v
+            for k, v in metas[0].items()
+            if k not in PER_SESSION and all(m.get(k) == v for m in metas[1:])
+        }
         for i, m in zip(members, metas, strict=True):
             extras[i] = {k: v for k, v in m.items() if k not in common}
         dtype, numeric_path, layers, heads, head_dim = key

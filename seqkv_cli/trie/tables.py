@@ -25,6 +25,13 @@ from dataclasses import dataclass, field
 from seqkv_cli.container.format import MAX_INDEX_BYTES
 from seqkv_cli.container.index import shared_prefix
 from seqkv_cli.errors import SeqkvError
+from seqkv_cli.trie.replay_records import (
+    NO_RECORDS,
+    ReplayContext,
+    binary_form,
+    decode_block,
+    encode_block,
+)
 from seqkv_codecs.errors import CorruptStreamError
 from seqkv_codecs.varint import decode_varint, encode_varint, zigzag_decode, zigzag_encode
 
@@ -35,9 +42,10 @@ VERSION = 1
 # tokens, which version 1 keeps in a section of their own (t<k>/tokens).
 V2_TAG, V2_FLAGS = 0x20, 0x1F
 # Format 1.7 adds a sixth flag (FLAG_CODEC); a table that sets it starts 0x80 | flags instead
-# (0x80-0xbf; 0xc0 and up, a seventh flag, is a newer version). Tables without it keep their
+# (0x80-0xbf). Format 1.9 adds a seventh (FLAG_REPLAY): 0x80 | flags with bit 6 is 0xc0 and up,
+# which a 1.7 or 1.8 reader refuses asking for an upgrade. Tables without them keep their
 # 1.6 bytes.
-V2_WIDE_TAG, V2_WIDE_FLAGS = 0x80, 0x3F
+V2_WIDE_TAG, V2_WIDE_FLAGS = 0x80, 0x7F
 NO_PPL = 0xFFFF  # log2 PP unknown (sessions of fewer than two tokens)
 _HEAD = struct.Struct("<4sBB")  # magic, version, flags
 FLAG_PROFILES = 1  # sessions carry a profile index (more than one profile in the segment)
@@ -50,6 +58,8 @@ FLAG_KV = 16  # a K/V block count follows (per-vector codecs; 0 when absent)
 # archive's (`open_archive(load="fast")` on a `seq` archive keeps that turn as `seq-fast`)
 FLAG_CODEC = 32
 MAX_CODEC_ID = 32
+# format 1.9: the sessions' replay records follow the ids, in binary (replay_records.py)
+FLAG_REPLAY = 64
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # seqkv_cli.clock writes these; others stay JSON
 MAX_CREATED = 1 << 40  # seconds: some 30,000 years, and a bound on a crafted delta
 # The session names and profiles are what a flat file keeps in its JSON index, so they get
@@ -115,11 +125,19 @@ class TableContext:
     last_id: str = ""  # the id of the archive's newest session
     profiles: tuple = ()  # the segment before's profiles, as it stored them
     created: int = 0  # the segment before's creation time (Unix seconds; 0 if none)
+    replay: ReplayContext = NO_RECORDS  # the replay records before (format 1.9)
+    # whether a table written in this context may hold binary replay records: a file of
+    # format 1.9; appends to an older file keep them as JSON, which its readers know
+    binary_replay: bool = True
 
     def after(self, tables: SegmentTables) -> TableContext:
         stored, created = stored_profiles(tables.profiles)
         last = tables.sessions[-1].id if tables.sessions else self.last_id
-        return TableContext(last, tuple(stored), self.created if created is None else created)
+        replay = self.replay
+        for rec in tables.sessions:
+            replay = replay.then(rec.extra.get("replay"))
+        when = self.created if created is None else created
+        return TableContext(last, tuple(stored), when, replay, self.binary_replay)
 
 
 FRESH = TableContext()
@@ -213,9 +231,11 @@ def encode_tables(
     return bytes(out)
 
 
-def _name_rows(tables: SegmentTables) -> list[list]:
-    """Each session's id, with its own metadata where it has any (both versions)."""
-    return [[r.id, r.extra] if r.extra else [r.id] for r in tables.sessions]
+def _name_rows(tables: SegmentTables, extras: list[dict] | None = None) -> list[list]:
+    """Each session's id, with its own metadata where it has any (both versions); `extras`:
+    that metadata where it is not the sessions' own (less the records held in binary)."""
+    extras = [r.extra for r in tables.sessions] if extras is None else extras
+    return [[r.id, e] if e else [r.id] for r, e in zip(tables.sessions, extras, strict=True)]
 
 
 def _pack_strings(strings: dict, out: bytearray) -> None:
@@ -230,14 +250,24 @@ def _encode_2(
 ) -> bytes:
     stored, created = stored_profiles(tables.profiles)
     inherited = bool(stored) and tuple(stored) == context.profiles
-    extras = any(r.extra for r in tables.sessions)
+    records = [r.extra.get("replay") for r in tables.sessions]
+    binary = context.binary_replay and any(binary_form(x) is not None for x in records)
+    own = [
+        {k: v for k, v in r.extra.items() if k != "replay" or binary_form(v) is None}
+        if binary
+        else r.extra
+        for r in tables.sessions
+    ]
+    extras = any(own)
     flags = FLAG_PROFILES if len(tables.profiles) > 1 else 0
     flags |= FLAG_INHERITED if inherited else 0
     flags |= 0 if created is None else FLAG_CREATED
     flags |= FLAG_STRINGS if extras or not inherited else 0
     flags |= FLAG_KV if tables.kv_blocks else 0
     flags |= FLAG_CODEC if tables.codec else 0
-    out = bytearray([(V2_WIDE_TAG if flags & FLAG_CODEC else V2_TAG) | flags])
+    flags |= FLAG_REPLAY if binary else 0
+    wide = flags & (FLAG_CODEC | FLAG_REPLAY)
+    out = bytearray([(V2_WIDE_TAG if wide else V2_TAG) | flags])
     if created is not None:
         _varint(zigzag_encode(created - context.created), out)
     if tables.codec:
@@ -250,7 +280,7 @@ def _encode_2(
     if flags & FLAG_STRINGS:
         # the ids with their metadata, as version 1 writes them: zlib finds what they share
         strings: dict = {} if inherited else {"profiles": stored}
-        _pack_strings(dict(strings, sessions=_name_rows(tables)), out)
+        _pack_strings(dict(strings, sessions=_name_rows(tables, own)), out)
     else:  # each id front-coded against the one before
         before = context.last_id.encode()
         for rec in tables.sessions:
@@ -260,6 +290,8 @@ def _encode_2(
             _varint(len(name) - shared, out)
             out += name[shared:]
             before = name
+    if binary:
+        encode_block(records, context.replay, out, _varint)
     return bytes(out)
 
 
@@ -324,8 +356,6 @@ def decode_tables(
         return _decode_2(r, first_node, FRESH if context is None else context, relative_ends)
     if relative_ends:
         raise r.fail("a compact archive's table is not a version-2 table")
-    if r.data[:1] and r.data[0] >= 0xC0:  # a version-2 table with flags this seqkv lacks
-        raise SeqkvError(f"{where}: trie table uses features of a newer seqkv; upgrade seqkv")
     magic, version, flags = _HEAD.unpack(r.take(_HEAD.size))
     if magic != MAGIC:
         if r.data[0] < 0x20:  # what a later version would start with, not damage
@@ -412,7 +442,7 @@ def _tag_flags(first: int) -> int | None:
     """The flags of a version-2 table's first byte; None for another kind of table."""
     if first & ~V2_FLAGS == V2_TAG:
         return first & V2_FLAGS
-    if first & ~V2_WIDE_FLAGS == V2_WIDE_TAG and first & FLAG_CODEC:
+    if first & ~V2_WIDE_FLAGS == V2_WIDE_TAG and first & (FLAG_CODEC | FLAG_REPLAY):
         return first & V2_WIDE_FLAGS
     return None
 
@@ -456,6 +486,14 @@ def _decode_2(
             if len(row) > 2 or (len(row) == 2 and not isinstance(row[1], dict)):
                 raise r.fail("a session's metadata is not an object")
             rec.id, rec.extra = row[0], row[1] if len(row) == 2 else {}
+    if flags & FLAG_REPLAY:
+        for rec, record in zip(
+            sessions, decode_block(r, len(sessions), context.replay), strict=True
+        ):
+            if record is not None and "replay" in rec.extra:
+                raise r.fail(f"session {rec.id!r} has its replay record twice")
+            if record is not None:
+                rec.extra = {**rec.extra, "replay": record}
     if bool(flags & FLAG_INHERITED) == ("profiles" in strings):
         raise r.fail("its profiles are both inherited and stored, or neither")
     inherited = flags & FLAG_INHERITED

@@ -283,3 +283,46 @@ def test_compact_archive_golden_restores_every_session_bit_for_bit(name, tmp_pat
     first = restored[want["sessions"][0]]  # a turn that ends inside the node: its rows
     for a, b in zip(whole.keys + whole.values, first.keys + first.values, strict=True):
         assert torch.equal(a[:, : want["tokens"][0]], b)  # (heads, positions, dim)
+
+
+REPLAY_GOLDEN = SEQ_GOLDEN.parent / "replay-v1"
+REPLAY_FILES = json.loads((REPLAY_GOLDEN / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(REPLAY_FILES))
+def test_replay_golden_gives_every_record_back(name):
+    """Format 1.9: replay records in binary (an agent's three turns with their own cache; the
+    first alone, a one-session compact archive; the turns compacted, whose shorter turns name
+    the longest and drop its last calls). Each record reads back whole, and the tokens are
+    b's; on the machine that wrote them, each replay reproduces its digest."""
+    import transformers
+
+    from seqkv_cli.archive import entry_record, reproduced
+
+    want = REPLAY_FILES[name]
+    path = REPLAY_GOLDEN / f"{name}.skv"
+    assert path.stat().st_size == want["bytes"]
+    model = SEQ_GOLDEN / "model"
+    with Archive(path, model=str(model)) as arc:
+        assert list(arc.reader.version) == want["version"] == [1, 9]
+        assert getattr(arc.reader, "archive", False) == (name != "replay-turns")
+        records = {e["id"]: entry_record(e) for e in arc.sessions}
+        restored = {e["id"]: arc.restore(e) for e in arc.sessions}
+    assert records == want["records"]
+    calls = [[20, 1], [1, 4], [10, 1], [1, 3], [8, 1], [1, 2]]
+    tokens = load_capture(SEQ_GOLDEN.parent / "seq-portable-v3" / "captures" / "b.safetensors")
+    for k, (sid, rec) in enumerate(sorted(records.items()), 1):
+        assert rec["calls"] == calls[: 2 * k] and len(rec["sha256"]) == 32
+        n = sum(a * b for a, b in rec["calls"])
+        assert restored[sid].tokens.tolist() == tokens.tokens[:n].tolist()
+    if name == "replay-turns":  # turn 3's record: continues turn 2, prefill 8, 2 steps
+        with Archive(path) as arc:
+            table = arc.reader.read_section("t3/index")
+        assert table[0] & 0xC0 == 0xC0
+        digest = bytes.fromhex(records["agent/turn-3"]["sha256"])
+        assert bytes([0x19, 8, 2]) + digest in table
+    rec = records["agent/turn-1"]
+    if (rec["torch"], rec["transformers"]) == (torch.__version__, transformers.__version__):
+        user = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        ids = restored["agent/turn-1"].tokens.tolist()
+        assert reproduced(user.eval(), ids, rec) is not None

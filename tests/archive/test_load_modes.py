@@ -12,10 +12,9 @@ import torch
 import seqkv_cli as seqkv
 from archive.test_archive import PREFIX, assert_exact, invoke
 from conftest import token_ids
-from seqkv_cli.api.memory import MemoryArchive
 from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.container import open_container
-from seqkv_cli.container.format import SEGMENT_CODECS_MINOR
+from seqkv_cli.container.format import REPLAY_MINOR
 from seqkv_cli.errors import SeqkvError
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.sequential.load_modes import mode_codec, segment_codec
@@ -49,7 +48,7 @@ def test_turns_of_both_modes_restore_as_an_all_small_archive_does(tmp_path, user
     # t0 was coded small; every later turn's path crosses both kinds of segment
     assert modes == {"t0": "small", "t1": "mixed", "t2": "mixed", "t3": "mixed", "t4": "mixed"}
     with Archive(mixed, model=tiny_lm) as a, Archive(small, model=tiny_lm) as b:
-        assert a.reader.version == (1, SEGMENT_CODECS_MINOR)
+        assert a.reader.version == (1, REPLAY_MINOR)
         assert a.trie.codecs == {2: "seq-fast", 5: "seq-fast"}  # t3 is a prefix: no new node
         assert not b.trie.codecs
         index = a.reader.read_section("t2/index")
@@ -90,10 +89,10 @@ def test_a_fast_replayed_session_loads_without_seqkvs_model(tmp_path, user_model
         arc.add("other", token_ids(30, seed=3), load="small")
     assert report.kv_strategy == "replay"
 
-    def no_restore(self, session_id):
+    def no_restore(self, *args, **kwargs):
         raise AssertionError("a fast replayed session must not be restored through the model")
 
-    monkeypatch.setattr(MemoryArchive, "load_capture", no_restore)
+    monkeypatch.setattr(Archive, "restore", no_restore)  # where every restore goes
     with seqkv.open_archive(path, model=user_model) as arc:
         loaded = arc.load("turn")
         with pytest.raises(AssertionError, match="must not be restored"):

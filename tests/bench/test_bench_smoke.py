@@ -277,6 +277,18 @@ def test_agent_turns(model, tmp_path):
     assert summary["compacted_token_bytes"] <= coded + 8
 
 
+def test_agent_turns_with_the_agents_own_cache(model, tmp_path):
+    args = ["--model", model, "--turns", "3", "--turn-tokens", "40", "--cache"]
+    out = run_bench("studies.agent_turns", args, tmp_path)
+    turns, summary = out["turns"], out["summary"]
+    assert summary["own_cache"] and summary["tokens_exact"]  # the last cache, bit for bit
+    assert summary["restore"] == ["replay"]
+    # one session alone: a compact archive; the third turn: a segment with a binary record
+    assert turns[0]["framing_bytes"] <= 150 and 0 < turns[2]["framing_bytes"] < 100
+    assert summary["compacted_layout"] == "compact archive"
+    assert summary["compacted_bytes"] <= summary["compact_bound"]
+
+
 def test_load_modes(model, tmp_path):
     out = run_bench("studies.load_modes", ["--model", model, "--tokens", "60"], tmp_path)
     rows = {r["archive"]: r for r in out["rows"]}

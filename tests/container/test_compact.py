@@ -342,7 +342,7 @@ def test_a_table_with_a_valid_checksum_but_hostile_bytes_is_refused(
         (archive_bytes(deflated(TABLE), PAYLOAD, minor=7), MalformedContainerError, "format 1.7"),
         (archive_bytes(b"", PAYLOAD), MalformedContainerError, "table is empty"),
         (archive_bytes(deflated(TABLE), PAYLOAD) + b"x", MalformedContainerError, "after its end"),
-        (archive_bytes(deflated(TABLE), PAYLOAD, minor=9), UnsupportedVersionError, "upgrade"),
+        (archive_bytes(deflated(TABLE), PAYLOAD, minor=10), UnsupportedVersionError, "upgrade"),
     ],
 )
 def test_a_compact_archive_header_that_lies_is_refused(tmp_path, data, error, words):

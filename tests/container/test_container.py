@@ -40,7 +40,7 @@ from seqkv_cli.container.format import (
     LAYOUT_JSON,
     LAYOUT_RECORDS,
     LAYOUT_TABLES,
-    SEGMENT_CODECS_MINOR,
+    REPLAY_MINOR,
     SLOT_OFFSETS,
     SUPERBLOCK_SIZE,
     TABLES_MINOR,
@@ -137,7 +137,7 @@ def leftovers(directory: Path) -> list[str]:
 
 
 LAYOUTS = [
-    (LAYOUT_RECORDS, SEGMENT_CODECS_MINOR),  # new full-layout files: 1.7 (1.8 is compact)
+    (LAYOUT_RECORDS, REPLAY_MINOR),  # new full-layout files: 1.9 (1.8 is compact)
     (LAYOUT_TABLES, TABLES_MINOR),
     (LAYOUT_JSON, FULL_LAYOUT_MINOR),
 ]
@@ -384,7 +384,7 @@ def test_the_binary_table_is_what_docs_format_md_specifies(tmp_path: Path) -> No
     header = {"pipeline": [], "model": None, "sessions": []}
     write_container(path, header, [("s0/tokens", b"abc"), ("s0/trie", b"")])
     data = path.read_bytes()
-    assert data[8:16] == bytes([1, 0, 7, 0, 3, 0, 0, 0])  # 1.7, byte 12 = 3
+    assert data[8:16] == bytes([1, 0, 9, 0, 3, 0, 0, 0])  # 1.9, byte 12 = 3
     # (record 1 is encoded as in 1.4: 1.6 changed only the records appends write)
     record = data[80 + 3 :]
     json_part = b'{"generation":1,"header":{"pipeline":[],"model":null,"sessions":[]}}'

@@ -20,7 +20,7 @@ from seqkv_cli.container import (
 from seqkv_cli.container.format import (
     LAYOUT_RECORDS,
     LAYOUT_TABLES,
-    SEGMENT_CODECS_MINOR,
+    REPLAY_MINOR,
     Slot,
     crc32c,
     encode_slot,
@@ -52,7 +52,7 @@ def test_a_trie_append_costs_a_few_dozen_bytes_of_index(tmp_path: Path) -> None:
     assert max(new) <= 1 + 2 + 4 + 1 + (1 + 1 + 9 + 1 + 4) + (1 + 1 + 6 + 1 + 4)
     assert min(old) - max(new) >= 80
     with open_container(tmp_path / "new.skv") as container:
-        assert container.version == (1, SEGMENT_CODECS_MINOR) and container.generation == 13
+        assert container.version == (1, REPLAY_MINOR) and container.generation == 13
         for k in range(1, 14):
             assert container.read_section(f"t{k}/tokens") == b"t" * 60
         container.verify()

@@ -10,7 +10,7 @@ from archive.test_archive import PREFIX, _add_process, assert_exact, invoke
 from seqkv_cli.archive import Archive, compress_captures
 from seqkv_cli.container import open_container
 from seqkv_cli.container.compact_reader import CompactReader
-from seqkv_cli.container.format import SEGMENT_CODECS_MINOR
+from seqkv_cli.container.format import REPLAY_MINOR
 from seqkv_cli.kvcapture.api import capture
 from seqkv_cli.kvcapture.capture_file import load_capture
 from seqkv_cli.trie import load_trie
@@ -80,7 +80,7 @@ def test_archive_add_expands_a_compact_file_and_keeps_its_token_bytes(caps, tiny
     assert result.exit_code == 0, result.output
     with open_container(path) as reader:
         assert not isinstance(reader, CompactReader)
-        assert reader.version == (1, SEGMENT_CODECS_MINOR)
+        assert reader.version == (1, REPLAY_MINOR)
         # nothing was re-encoded: the version-2 table of segment 1 is followed by the payload
         assert load_trie(reader, path).embedded[1] == payload
         assert reader.header["model"]["fingerprint"] == tiny_lm.fingerprint  # named whole

@@ -80,13 +80,16 @@ def _turn(k: int, created: str, extra: dict | None = None) -> SegmentTables:
     return SegmentTables([node], [session], [profile])
 
 
-def _grow(turns: list[SegmentTables]) -> tuple[list[bytes], list[SegmentTables]]:
-    """Encode turn after turn against the archive so far, then read them back the same way."""
-    written, context = [], FRESH
+def _grow(
+    turns: list[SegmentTables], start: TableContext = FRESH
+) -> tuple[list[bytes], list[SegmentTables]]:
+    """Encode turn after turn against the archive so far (from `start`), then read them back
+    the same way."""
+    written, context = [], start
     for k, tables in enumerate(turns):
         written.append(encode_tables(tables, k, context))
         context = context.after(tables)
-    read, context = [], FRESH
+    read, context = [], start
     for k, data in enumerate(written):
         read.append(decode_tables(data, k, f"segment {k + 1}", context))
         context = context.after(read[-1])
@@ -285,8 +288,8 @@ def test_a_segment_of_another_codec_names_it_after_a_wide_tag():
         (0xA0, b"s" * 33, "impossible length"),
         (0xA0, b"seq fast", "not a codec name"),
         (0xA0, "séq".encode(), "not a codec name"),
-        (0x80, b"", "magic"),  # a wide tag must carry the codec flag
-        (0xE0, b"seq", "features of a newer seqkv; upgrade seqkv"),
+        (0x80, b"", "magic"),  # a wide tag must carry the codec or the replay flag
+        (0x10, b"seq", "version 16 is newer; upgrade seqkv"),  # a later table version
     ],
 )
 def test_a_hostile_codec_id_is_refused_in_one_line(first, name, words):
