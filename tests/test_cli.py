@@ -24,7 +24,7 @@ def test_help_and_version():
     result = invoke("--help")
     assert result.exit_code == 0 and "capture" in result.stdout and "model" in result.stdout
     result = invoke("--version")
-    assert result.exit_code == 0 and result.stdout.strip() == "seqkv 0.8.1"
+    assert result.exit_code == 0 and result.stdout.strip() == "seqkv 0.9.0"
 
 
 def test_capture_writes_files_and_table(tiny_model_dir, tmp_path):
