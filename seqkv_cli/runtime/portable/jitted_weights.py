@@ -22,8 +22,8 @@ the reference's. Float kinds widen their elements and sum as plain loops.
 Where a run's c1 and c0 are whole numbers — in every checkpoint measured, all of them: a
 scale's 11 significant bits sit well above the row's unit — no element needs rounding, and a
 step sums the run as ``c1·Σ q·x (+ c0·Σ x)``: the quants as int16 lanes, x as two int16 limbs,
-their products in 32-bit lanes (`lanes.limb_dot`, `pmaddwd` on x86), eight to sixteen times
-as many products an instruction as fp64 lanes (`dot_whole_runs`; docs/NUMERICS.md says why
+their products in 32-bit lanes (`lanes.limb_dot`, `pmaddwd` on x86), four times as many
+products an instruction as fp64 lanes (`dot_whole_runs`; docs/NUMERICS.md says why
 the sums stay exact). Any run that is not whole, and any row whose x does not fit the limbs,
 takes the per-value path above.
 """
@@ -140,7 +140,7 @@ def dot_whole_runs(
     (`lanes.limb_dot`). A scaled kind's ``c1·q`` is its integer, so each lane's partial sum
     is one of the definition's and exact. An offset kind's quants are centred (``q - h``,
     with ``c0 + h·c1`` for c0) and its two sums are not the definition's, so the row's bound
-    on them, Σ (h·|c1| + |c0|)·Σ|x| over its runs, must be below 2**53 (with room for the
+    on them, Σ (h·|c1| + |c0 + h·c1|)·Σ|x| over its runs, must be below 2**53 (with room for the
     bound's own rounding); a row above it is summed per value instead. Runs that are not
     whole are listed and taken per value after the loop, which then holds no call and keeps
     its accumulators in registers."""
